@@ -1,0 +1,42 @@
+"""Caller memory as flat byte views: numpy arrays, torch CPU tensors, bytes-likes.
+
+Nothing here imports torch: a tensor is recognised by its type's module and viewed through its own
+methods, so the client costs nothing extra for callers that never pass one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstore.errors import InvalidArgument
+
+
+def _from_tensor(t: Any) -> memoryview:
+    if t.device.type != "cpu":
+        raise InvalidArgument(f"tensor on {t.device}: only CPU tensors can be read or written by the "
+                              "client; copy it to a (pinned) CPU tensor first")
+    if not t.is_contiguous():
+        raise InvalidArgument("tensor is not contiguous: call .contiguous() first")
+    import torch
+
+    # A uint8 view shares memory and works for dtypes numpy lacks (bfloat16, float8).
+    return memoryview(t.view(torch.uint8).reshape(-1).numpy())
+
+
+def byte_view(obj: Any, writable: bool) -> memoryview:
+    """A 1-D unsigned-byte memoryview aliasing `obj`'s memory (no copy)."""
+    if type(obj).__module__.startswith("torch"):
+        view = _from_tensor(obj)
+    else:
+        try:
+            view = memoryview(obj)
+        except TypeError as exc:
+            raise InvalidArgument(f"{type(obj).__name__} is not a buffer: pass bytes, bytearray, "
+                                  "memoryview, a numpy array or a CPU tensor") from exc
+    if not view.contiguous:
+        raise InvalidArgument("buffer is not contiguous: pass a contiguous array")
+    if writable and view.readonly:
+        raise InvalidArgument(f"{type(obj).__name__} is read-only: get_into needs a writable buffer")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view

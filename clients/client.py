@@ -1,0 +1,274 @@
+"""KVClient: put and get KV blocks; metadata over gRPC, bytes over the best data-plane transport.
+
+Every call is batch-first: `put`, `get`, ... are batches of one. Bytes move straight between the
+caller's buffers and the daemons' memory; the client never copies a value it can avoid copying.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Sequence
+
+import grpc
+
+from kvstore.client.buffers import byte_view
+from kvstore import wire
+from kvstore.checksum import checksum
+from kvstore.config import ClientConfig
+from kvstore.errors import (ChecksumMismatch, ErrorCode, InvalidArgument, KVStoreError, TransportError,
+                            error_for, from_rpc_error)
+from kvstore.stats import StoreStats
+from kvstore.transport import registry
+from kvstore.transport.base import Transfer, Transport
+from kvstore.types import Grant, SegmentInfo, validate_key
+from kvstore.v1 import meta_pb2 as pb
+from kvstore.v1 import meta_pb2_grpc as pb_grpc
+
+_GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
+class KVClient:
+    def __init__(self, meta_address: str, config: ClientConfig | None = None) -> None:
+        self.meta_address = meta_address
+        self.config = config or ClientConfig()
+        for name in self.config.transports:
+            registry.client_class(name)   # fail now, with the extra to install, not mid-transfer
+        self._channel = grpc.insecure_channel(meta_address, options=_GRPC_OPTIONS)
+        self._stub = pb_grpc.MetaServiceStub(self._channel)
+        self._transports: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "KVClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for transport in self._transports.values():
+            transport.close()
+        self._transports.clear()
+        self._channel.close()
+
+    # -- metadata calls ------------------------------------------------------------------------
+
+    def _rpc(self, name: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, name)(request, timeout=self.config.timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, f"{name} to {self.meta_address}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self.exists_many([key])[0]
+
+    def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        _validate(keys)
+        return list(self._rpc("Exists", pb.ExistsRequest(keys=keys)).exists)
+
+    def match_prefix(self, keys: Sequence[str]) -> int:
+        """How many leading keys are stored: the cached prefix of a chain of block keys."""
+        _validate(keys)
+        return self._rpc("MatchPrefix", pb.MatchPrefixRequest(keys=keys)).count
+
+    def remove(self, key: str, force: bool = False) -> None:
+        """Delete a key; KeyNotFound if absent, KeyBusy if being written or read (unless force)."""
+        err = self.remove_many([key], force)[0]
+        if err is not None:
+            raise err
+
+    def remove_many(self, keys: Sequence[str], force: bool = False) -> list[KVStoreError | None]:
+        _validate(keys)
+        resp = self._rpc("Remove", pb.RemoveRequest(keys=keys, force=force))
+        return [wire.status_error(s) for s in resp.results]
+
+    def stats(self) -> StoreStats:
+        return wire.stats_from_pb(self._rpc("Stats", pb.StatsRequest()))
+
+    # -- put -------------------------------------------------------------------------------------
+
+    def put(self, key: str, value: Any) -> bool:
+        """Store `value` (bytes-like, numpy array or CPU tensor) under `key`.
+
+        Returns True if written, False if the key was already stored (its bytes are kept).
+        """
+        return self.put_many([key], [value])[0]
+
+    def put_many(self, keys: Sequence[str], values: Sequence[Any], replica_num: int | None = None) -> list[bool]:
+        """Store many values in one round of metadata calls. On any failure the keys that could not
+        be written are revoked (never left half-written) and the first error is raised after the
+        others are committed."""
+        _validate(keys)
+        if len(keys) != len(values):
+            raise InvalidArgument(f"{len(keys)} keys but {len(values)} values")
+        if len(set(keys)) != len(keys):
+            raise InvalidArgument("duplicate keys in one put_many")
+        views = [byte_view(v, writable=False) for v in values]
+        if any(len(v) == 0 for v in views):
+            raise InvalidArgument("empty values are not stored")
+        sums = [checksum(v) for v in views]
+        resp = self._rpc("PutStart", pb.PutStartRequest(keys=keys, sizes=[len(v) for v in views],
+                                                        replica_num=replica_num or self.config.replica_num))
+        segments = wire.segments_by_id(resp.segments)
+        written = [False] * len(keys)
+        errors: dict[int, KVStoreError] = {}
+        pending: dict[int, list[Grant]] = {}
+        for i, result in enumerate(resp.results):
+            if result.status.code == ErrorCode.OK:
+                pending[i] = [wire.grant_from_pb(g) for g in result.replicas]
+            elif result.status.code != ErrorCode.ALREADY_EXISTS:
+                errors[i] = error_for(result.status.code, result.status.message)
+        deadline = time.monotonic() + self.config.timeout_s
+        by_segment: dict[str, list[tuple[int, Transfer]]] = defaultdict(list)
+        for i, grants in pending.items():
+            for g in grants:
+                by_segment[g.segment_id].append((i, Transfer(g, views[i])))
+        for segment_id, items in by_segment.items():
+            try:
+                self._transport_for(segments[segment_id]).write(
+                    segments[segment_id], [t for _, t in items], deadline)
+            except KVStoreError as exc:
+                for i, _ in items:
+                    errors.setdefault(i, exc)
+        good = [i for i in pending if i not in errors]
+        failed = [i for i in pending if i in errors]
+        if failed:
+            self._rpc("PutRevoke", pb.PutRevokeRequest(keys=[keys[i] for i in failed]))
+        if good:
+            ended = self._rpc("PutEnd", pb.PutEndRequest(keys=[keys[i] for i in good],
+                                                         checksums=[sums[i] for i in good]))
+            for i, status in zip(good, ended.results):
+                err = wire.status_error(status)
+                if err is None:
+                    written[i] = True
+                else:
+                    errors[i] = err
+        if errors:
+            raise errors[min(errors)]
+        return written
+
+    # -- get -------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes]:
+        """The values of `keys`; raises KeyNotFound (or another error) for the first that fails."""
+        metas = self._get_meta(keys)
+        buffers = []
+        for key, (result, _) in zip(keys, metas):
+            if result.status.code != ErrorCode.OK:
+                raise error_for(result.status.code, result.status.message)
+            buffers.append(bytearray(result.size))
+        sizes = self._read(keys, metas, [memoryview(b) for b in buffers], strict=True)
+        return [bytes(b) if len(b) == n else bytes(b[:n]) for b, n in zip(buffers, sizes)]
+
+    def get_into(self, key: str, buffer: Any) -> int:
+        """Read `key` straight into `buffer` (writable bytes-like, numpy array, CPU tensor);
+        returns the number of bytes written at its start."""
+        return self.get_many_into([key], [buffer])[0]
+
+    def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any], strict: bool = True) -> list[Any]:
+        """Read each key into its buffer. strict: raise the first error; otherwise return, per key,
+        the byte count or the KVStoreError (a miss is KeyNotFound) so callers can recompute."""
+        if len(keys) != len(buffers):
+            raise InvalidArgument(f"{len(keys)} keys but {len(buffers)} buffers")
+        views = [byte_view(b, writable=True) for b in buffers]
+        return self._read(keys, self._get_meta(keys), views, strict)
+
+    def _get_meta(self, keys: Sequence[str]) -> list[tuple[Any, dict[str, SegmentInfo]]]:
+        _validate(keys)
+        resp = self._rpc("Get", pb.GetRequest(keys=keys))
+        segments = wire.segments_by_id(resp.segments)
+        return [(r, segments) for r in resp.results]
+
+    def _read(self, keys: Sequence[str], metas: list, views: list[memoryview], strict: bool) -> list[Any]:
+        out: list[Any] = [None] * len(keys)
+        # Each key tries its replicas in preference order until one read succeeds.
+        todo: dict[int, list[tuple[SegmentInfo, Grant]]] = {}
+        for i, (result, segments) in enumerate(metas):
+            if result.status.code != ErrorCode.OK:
+                out[i] = error_for(result.status.code, result.status.message)
+            elif len(views[i]) < result.size:
+                out[i] = InvalidArgument(f"buffer for {keys[i]!r} holds {len(views[i])} bytes; "
+                                         f"the value is {result.size}")
+            else:
+                todo[i] = self._rank_replicas([wire.grant_from_pb(g) for g in result.replicas], segments)
+                if not todo[i]:
+                    out[i] = TransportError(f"no replica of {keys[i]!r} is reachable over "
+                                            f"{', '.join(self.config.transports)}")
+                    del todo[i]
+        deadline = time.monotonic() + self.config.timeout_s
+        while todo:
+            groups: dict[str, list[int]] = defaultdict(list)
+            for i, replicas in todo.items():
+                groups[replicas[0][1].segment_id].append(i)
+            for segment_id, idxs in groups.items():
+                segment = todo[idxs[0]][0][0]
+                transfers = [Transfer(todo[i][0][1], views[i][:todo[i][0][1].length]) for i in idxs]
+                try:
+                    self._transport_for(segment).read(segment, transfers, deadline)
+                    failure = None
+                except KVStoreError as exc:
+                    failure = exc
+                for i in idxs:
+                    grant = todo[i].pop(0)[1]
+                    err = failure or self._verify(keys[i], views[i][:grant.length], metas[i][0].checksum)
+                    if err is None:
+                        out[i] = grant.length
+                    elif not todo[i]:
+                        out[i] = err
+                    else:
+                        continue
+                    del todo[i]
+        if strict:
+            for r in out:
+                if isinstance(r, KVStoreError):
+                    raise r
+        return out
+
+    def _verify(self, key: str, data: memoryview, expected: int) -> KVStoreError | None:
+        if self.config.verify_checksums and checksum(data) != expected:
+            return ChecksumMismatch(f"{key!r}: bytes read do not match the checksum stored at put; "
+                                    "the replica is corrupt; remove the key and put it again")
+        return None
+
+    # -- transports ------------------------------------------------------------------------------
+
+    def _rank_replicas(self, grants: list[Grant], segments: dict[str, SegmentInfo]) -> list[tuple[SegmentInfo, Grant]]:
+        ranked = []
+        for g in grants:
+            seg = segments.get(g.segment_id)
+            if seg is not None and (rank := self._preference(seg)) is not None:
+                ranked.append((rank, seg, g))
+        ranked.sort(key=lambda r: r[0])
+        return [(seg, g) for _, seg, g in ranked]
+
+    def _preference(self, segment: SegmentInfo) -> int | None:
+        for rank, name in enumerate(self.config.transports):
+            if segment.endpoint(name) is not None and self._transport(name).can_reach(segment):
+                return rank
+        return None
+
+    def _transport_for(self, segment: SegmentInfo) -> Transport:
+        for name in self.config.transports:
+            if segment.endpoint(name) is not None and self._transport(name).can_reach(segment):
+                return self._transport(name)
+        raise TransportError(f"segment {segment.segment_id} offers "
+                             f"{[e.transport for e in segment.endpoints]}, none of which this client "
+                             f"can reach with {list(self.config.transports)}")
+
+    def _transport(self, name: str) -> Transport:
+        with self._lock:
+            transport = self._transports.get(name)
+            if transport is None:
+                transport = self._transports[name] = registry.client_class(name)()
+            return transport
+
+
+def _validate(keys: Sequence[str]) -> None:
+    if isinstance(keys, (str, bytes)):
+        raise InvalidArgument("pass a list of keys, not a single string")
+    for key in keys:
+        validate_key(key)

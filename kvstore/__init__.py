@@ -1,0 +1,3 @@
+"""kvstore: a KVCache-centric store for disaggregated LLM serving."""
+
+__version__ = "0.1.0"

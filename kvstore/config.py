@@ -1,0 +1,175 @@
+"""Configuration: frozen dataclasses validated on construction, built in one place.
+
+`load_config(cls, toml_path, env, overrides)` layers, lowest to highest precedence: the dataclass
+defaults, a TOML file (the table named cls.SECTION), environment variables
+KVSTORE_<SECTION>_<FIELD>, then explicit overrides (CLI flags). Values from TOML and env are
+converted to the field's declared type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from kvstore.errors import InvalidArgument
+
+DEFAULT_META_PORT = 50051
+# Used only when no secret is configured; kvstore warns loudly whenever it is in effect.
+INSECURE_DEV_SECRET = "kvstore-insecure-development-secret"
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise InvalidArgument(message)
+
+
+def parse_size(value: str | int) -> int:
+    """'64MiB', '1G', '4096' -> bytes."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().lower().replace(" ", "")
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+             "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+             "kb": 1000, "mb": 10**6, "gb": 10**9, "b": 1}
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * units[suffix])
+    return int(text)
+
+
+@dataclass(frozen=True)
+class MetaConfig:
+    SECTION = "meta"
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_META_PORT
+    secret: str = ""
+    lease_ttl_s: float = 5.0            # read lease: blocks a get returned are not evicted/moved
+    put_lease_ttl_s: float = 30.0       # an unfinished put is revoked after this
+    heartbeat_ttl_s: float = 10.0       # a daemon silent this long loses its segments
+    high_watermark: float = 0.95        # start evicting when used/capacity passes this
+    low_watermark: float = 0.85         # ... and stop once below this
+    tick_interval_s: float = 0.5
+    workers: int = 8
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port < 65536, f"meta port {self.port} out of range")
+        _require(0.0 < self.low_watermark < self.high_watermark <= 1.0,
+                 f"need 0 < low_watermark ({self.low_watermark}) < high_watermark ({self.high_watermark}) <= 1")
+        for name in ("lease_ttl_s", "put_lease_ttl_s", "heartbeat_ttl_s", "tick_interval_s"):
+            _require(getattr(self, name) > 0, f"{name} must be positive")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    SECTION = "daemon"
+
+    meta_address: str = f"127.0.0.1:{DEFAULT_META_PORT}"
+    host: str = "127.0.0.1"
+    tcp_port: int = 0
+    daemon_id: str = ""                 # default: generated, unique per start
+    secret: str = ""
+    dram_size: int = 1 << 30            # bytes of DRAM this daemon offers
+    segment_size: int = 256 << 20       # DRAM is offered as segments of this size
+    shm_dir: str = "/dev/shm"
+    heartbeat_interval_s: float = 2.0
+    transports: tuple[str, ...] = ("shm", "tcp")
+
+    def __post_init__(self) -> None:
+        _require(self.dram_size > 0, "dram_size must be positive")
+        _require(self.segment_size > 0, "segment_size must be positive")
+        _require(self.heartbeat_interval_s > 0, "heartbeat_interval_s must be positive")
+        _require(0 <= self.tcp_port < 65536, f"tcp_port {self.tcp_port} out of range")
+
+    @property
+    def segment_sizes(self) -> list[int]:
+        full, rest = divmod(self.dram_size, self.segment_size)
+        return [self.segment_size] * full + ([rest] if rest else [])
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    SECTION = "client"
+
+    replica_num: int = 1
+    transports: tuple[str, ...] = ("shm", "tcp")   # preference order
+    timeout_s: float = 10.0                         # metadata RPCs and each data-plane transfer
+    verify_checksums: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.replica_num >= 1, "replica_num must be at least 1")
+        _require(self.timeout_s > 0, "timeout_s must be positive")
+        _require(len(self.transports) > 0, "at least one transport is needed")
+
+
+def resolve_secret(configured: str) -> tuple[bytes, bool]:
+    """(secret bytes, is_insecure_default): the configured secret, else $KVSTORE_SECRET, else the
+    development default."""
+    secret = configured or os.environ.get("KVSTORE_SECRET", "")
+    if secret:
+        return secret.encode(), False
+    return INSECURE_DEV_SECRET.encode(), True
+
+
+def random_secret() -> str:
+    return secrets.token_hex(16)
+
+
+C = TypeVar("C")
+
+
+def _convert(value: Any, target: Any) -> Any:
+    kind = target if isinstance(target, type) else None
+    text = str(target)
+    if isinstance(value, str):
+        if kind is bool or text == "bool":
+            return value.strip().lower() in ("1", "true", "yes", "on")
+        if kind is int or text == "int":
+            return parse_size(value)
+        if kind is float or text == "float":
+            return float(value)
+        if text.startswith("tuple"):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+    if text.startswith("tuple") and isinstance(value, list):
+        return tuple(value)
+    if text == "int" and isinstance(value, str):
+        return parse_size(value)
+    return value
+
+
+def load_config(cls: type[C], toml_path: str | Path | None = None,
+                env: Mapping[str, str] | None = None, **overrides: Any) -> C:
+    """Build `cls` from defaults < TOML file < KVSTORE_<SECTION>_<FIELD> env < overrides."""
+    env = os.environ if env is None else env
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    if toml_path:
+        with open(toml_path, "rb") as fh:
+            table = tomllib.load(fh).get(cls.SECTION, {})
+        unknown = set(table) - set(fields)
+        _require(not unknown, f"unknown [{cls.SECTION}] settings in {toml_path}: {sorted(unknown)}")
+        values.update(table)
+    prefix = f"KVSTORE_{cls.SECTION.upper()}_"
+    for name in fields:
+        if prefix + name.upper() in env:
+            values[name] = env[prefix + name.upper()]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = set(values) - set(fields)
+    _require(not unknown, f"unknown {cls.SECTION} settings: {sorted(unknown)}")
+    try:
+        converted = {k: _convert(v, fields[k].type) for k, v in values.items()}
+    except ValueError as exc:
+        raise InvalidArgument(f"bad {cls.SECTION} setting: {exc}") from exc
+    return cls(**converted)
+
+

@@ -1,0 +1,148 @@
+"""The storage daemon: owns segments, serves them over the data-plane transports, and keeps the
+metadata service told that it is alive."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from kvstore import wire
+from kvstore.config import DaemonConfig, resolve_secret
+from kvstore.errors import Unavailable, from_rpc_error
+from kvstore.grant import GrantSigner
+from kvstore.hostid import pid_alive
+from kvstore.storage.base import SegmentStorage
+from kvstore.storage.dram import DramSegment
+from kvstore.transport import registry
+from kvstore.transport.base import GrantChecker, TransportServer
+from kvstore.types import SegmentInfo
+from kvstore.v1 import meta_pb2 as pb
+from kvstore.v1 import meta_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+_SHM_FILE = re.compile(r"^kvstore-(\d+)-")
+
+
+def sweep_stale_segments(shm_dir: str) -> int:
+    """Delete segment files left by daemons that were killed (their pid is gone)."""
+    removed = 0
+    for path in Path(shm_dir).glob("kvstore-*"):
+        m = _SHM_FILE.match(path.name)
+        if m and not pid_alive(int(m.group(1))):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+class StorageDaemon:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.daemon_id = config.daemon_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        secret, insecure = resolve_secret(config.secret)
+        if insecure:
+            log.warning("no secret configured: using the insecure development secret "
+                        "(set KVSTORE_DAEMON_SECRET / --secret to the metadata service's secret)")
+        self._checker = GrantChecker(GrantSigner(secret), self.segment)
+        self._segments: dict[str, SegmentStorage] = {}
+        self._servers: list[TransportServer] = []
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="daemon-heartbeat", daemon=True)
+        self._channel = grpc.insecure_channel(config.meta_address)
+        self._meta = pb_grpc.MetaServiceStub(self._channel)
+
+    def segment(self, segment_id: str) -> SegmentStorage | None:
+        return self._segments.get(segment_id)
+
+    @property
+    def servers(self) -> list[TransportServer]:
+        return list(self._servers)
+
+    def start(self, mount_timeout_s: float = 30.0) -> "StorageDaemon":
+        """Create segments, start transports, mount with the metadata service, start heartbeats."""
+        swept = sweep_stale_segments(self.config.shm_dir)
+        if swept:
+            log.info("removed %d segment files left by killed daemons", swept)
+        for i, size in enumerate(self.config.segment_sizes):
+            seg = DramSegment(f"{self.daemon_id}-dram{i}", size, self.config.shm_dir)
+            self._segments[seg.segment_id] = seg
+        try:
+            for name in self.config.transports:
+                server = registry.server_class(name)(self._checker, self.config)
+                server.start()
+                self._servers.append(server)
+            self._mount_all(time.monotonic() + mount_timeout_s)
+        except BaseException:
+            self._release()
+            raise
+        self._heartbeat.start()
+        log.info("daemon %s serving %d segments (%d bytes) over %s", self.daemon_id, len(self._segments),
+                 sum(s.capacity for s in self._segments.values()), ", ".join(self.config.transports))
+        return self
+
+    def endpoints(self) -> dict[str, str]:
+        """transport name -> address of one of its endpoints, for humans."""
+        return {ep.transport: ep.address for seg in self._segments.values() for ep in self.info(seg).endpoints}
+
+    def info(self, seg: SegmentStorage) -> SegmentInfo:
+        endpoints = tuple(ep for server in self._servers if (ep := server.endpoint(seg)) is not None)
+        return SegmentInfo(seg.segment_id, self.daemon_id, seg.tier, seg.capacity, endpoints)
+
+    def _mount_all(self, deadline: float) -> None:
+        for seg in self._segments.values():
+            self._mount(seg, deadline)
+
+    def _mount(self, seg: SegmentStorage, deadline: float) -> None:
+        request = pb.MountSegmentRequest(segment=wire.segment_to_pb(self.info(seg)))
+        while True:
+            try:
+                self._meta.MountSegment(request, timeout=max(0.1, deadline - time.monotonic()),
+                                        wait_for_ready=True)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
+                        or time.monotonic() >= deadline:
+                    raise from_rpc_error(exc, f"mounting segment {seg.segment_id} at "
+                                              f"{self.config.meta_address}") from exc
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.config.heartbeat_interval_s
+        while not self._stop.wait(interval):
+            try:
+                resp = self._meta.Heartbeat(pb.HeartbeatRequest(daemon_id=self.daemon_id,
+                                                                segment_ids=list(self._segments)),
+                                            timeout=max(1.0, interval))
+                for segment_id in resp.unknown_segment_ids:
+                    # The service restarted or gave us up for dead: offer the segment afresh.
+                    log.warning("metadata service does not know segment %s: mounting it again", segment_id)
+                    self._mount(self._segments[segment_id], time.monotonic() + interval)
+            except (grpc.RpcError, Unavailable) as exc:
+                log.warning("heartbeat to %s failed: %s", self.config.meta_address, exc)
+
+    def stop(self) -> None:
+        """Unmount (best effort), stop serving, and delete the segment files."""
+        self._stop.set()
+        if self._heartbeat.is_alive():
+            self._heartbeat.join(timeout=5)
+        for segment_id in self._segments:
+            try:
+                self._meta.UnmountSegment(pb.UnmountSegmentRequest(segment_id=segment_id), timeout=2)
+            except grpc.RpcError as exc:
+                log.warning("could not unmount %s: %s", segment_id, exc.code().name)
+        self._release()
+
+    def _release(self) -> None:
+        for server in self._servers:
+            server.stop()
+        self._servers.clear()
+        for seg in self._segments.values():
+            seg.close(remove=True)
+        self._segments.clear()
+        self._channel.close()

@@ -1,0 +1,128 @@
+"""Every error kvstore raises, and the one table that maps them to and from the wire.
+
+    KVStoreError                  base; .code is the ErrorCode carried on the wire
+    ├── KeyNotFound               the key is absent (never written, removed, evicted, or its
+    │                             daemon died): recompute the block
+    ├── KeyBusy                   the key is being written, or is leased: retry later
+    ├── AlreadyExists             the key is already complete (put is content addressed)
+    ├── NoSpace                   no segment has room now, even after eviction
+    ├── InvalidArgument           the request can never succeed as written
+    ├── PermissionDenied          a data-plane request without a valid grant
+    ├── ChecksumMismatch          bytes read do not match the checksum stored at put
+    ├── TransportError            the data plane failed (peer died, connection reset, deadline)
+    └── Unavailable               the metadata service or a daemon cannot be reached
+
+Foreign errors (grpc.RpcError, OSError, ...) are wrapped into these with ``raise ... from exc``
+at the boundary that sees them; callers only ever need to catch this hierarchy.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import grpc
+
+
+class ErrorCode(IntEnum):
+    """Per-key outcome codes; values equal kvstore.v1.ErrorCode on the wire."""
+
+    OK = 0
+    KEY_NOT_FOUND = 1
+    NO_SPACE = 2
+    INVALID_ARGUMENT = 3
+    KEY_BUSY = 4
+    ALREADY_EXISTS = 5
+    UNAVAILABLE = 6
+    PERMISSION_DENIED = 7
+    CHECKSUM_MISMATCH = 8
+    TRANSPORT_ERROR = 9
+    INTERNAL = 10
+
+
+class KVStoreError(Exception):
+    """Base of all kvstore errors."""
+
+    code = ErrorCode.INTERNAL
+
+
+class KeyNotFound(KVStoreError):
+    code = ErrorCode.KEY_NOT_FOUND
+
+
+class KeyBusy(KVStoreError):
+    code = ErrorCode.KEY_BUSY
+
+
+class AlreadyExists(KVStoreError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class NoSpace(KVStoreError):
+    code = ErrorCode.NO_SPACE
+
+
+class InvalidArgument(KVStoreError):
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class PermissionDenied(KVStoreError):
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class ChecksumMismatch(KVStoreError):
+    code = ErrorCode.CHECKSUM_MISMATCH
+
+
+class TransportError(KVStoreError):
+    code = ErrorCode.TRANSPORT_ERROR
+
+
+class Unavailable(KVStoreError):
+    code = ErrorCode.UNAVAILABLE
+
+
+_BY_CODE: dict[ErrorCode, type[KVStoreError]] = {
+    cls.code: cls
+    for cls in (KeyNotFound, KeyBusy, AlreadyExists, NoSpace, InvalidArgument, PermissionDenied,
+                ChecksumMismatch, TransportError, Unavailable)
+}
+_BY_CODE[ErrorCode.INTERNAL] = KVStoreError
+
+# One table between the domain and gRPC status codes, used in both directions.
+_GRPC_OF: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.KEY_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.NO_SPACE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.KEY_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.CHECKSUM_MISMATCH: grpc.StatusCode.DATA_LOSS,
+    ErrorCode.TRANSPORT_ERROR: grpc.StatusCode.ABORTED,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+_CODE_OF_GRPC: dict[grpc.StatusCode, ErrorCode] = {v: k for k, v in _GRPC_OF.items()}
+_CODE_OF_GRPC[grpc.StatusCode.DEADLINE_EXCEEDED] = ErrorCode.UNAVAILABLE
+
+
+def error_for(code: ErrorCode | int, message: str) -> KVStoreError:
+    """The exception for a per-key code received from the wire."""
+    return _BY_CODE.get(ErrorCode(code), KVStoreError)(message)
+
+
+def to_grpc_status(err: KVStoreError) -> grpc.StatusCode:
+    return _GRPC_OF.get(err.code, grpc.StatusCode.INTERNAL)
+
+
+def from_rpc_error(exc: grpc.RpcError, what: str) -> KVStoreError:
+    """Translate a failed gRPC call into the domain error; `what` names the call for the message."""
+    status = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    code = _CODE_OF_GRPC.get(status)
+    if code is None:
+        return KVStoreError(f"{what} failed with {status.name}: {details}")
+    if code is ErrorCode.UNAVAILABLE:
+        return Unavailable(
+            f"{what}: metadata service unreachable or too slow ({status.name}: {details}); "
+            "check that `kvstore meta` (or `kvstore serve`) is running at the address given")
+    return _BY_CODE[code](details)

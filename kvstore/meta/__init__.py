@@ -1,0 +1,1 @@
+"""The metadata service: which blocks exist and where their bytes live."""

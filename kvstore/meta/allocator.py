@@ -1,0 +1,118 @@
+"""Offset allocator for one segment: a free list with coalescing, searched by size class.
+
+Free blocks are kept three ways: by start offset and by end offset (so a freed block merges with
+both neighbours in O(1)) and in power-of-two size classes with a bitmask of non-empty classes (so
+finding a block that fits is O(1): any block of a higher class is large enough).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class OffsetAllocator:
+    def __init__(self, capacity: int, alignment: int = 64) -> None:
+        if capacity <= 0 or alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError("capacity must be positive and alignment a power of two")
+        self.capacity = capacity - capacity % alignment
+        self.alignment = alignment
+        self.used = 0
+        self._free_at: dict[int, int] = {}     # offset -> size
+        self._free_end: dict[int, int] = {}    # offset + size -> offset
+        self._classes: list[set[int]] = [set() for _ in range(65)]
+        self._nonempty = 0                     # bit k set <=> _classes[k] non-empty
+        if self.capacity:
+            self._insert(0, self.capacity)
+
+    def aligned(self, size: int) -> int:
+        return -(-size // self.alignment) * self.alignment
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self.used
+
+    def allocate(self, size: int) -> int | None:
+        """Reserve `size` bytes (rounded up to the alignment); the offset, or None if nothing fits."""
+        need = self.aligned(max(size, 1))
+        offset = self._find(need)
+        if offset is None:
+            return None
+        block = self._remove(offset)
+        if block > need:
+            self._insert(offset + need, block - need)
+        self.used += need
+        return offset
+
+    def free(self, offset: int, size: int) -> None:
+        """Return a block given by allocate(size); merges with free neighbours."""
+        size = self.aligned(max(size, 1))
+        if offset in self._free_at or offset < 0 or offset + size > self.capacity:
+            raise ValueError(f"free of [{offset}, +{size}) which is not allocated")
+        self.used -= size
+        left = self._free_end.get(offset)
+        if left is not None:
+            size += self._remove(left)
+            offset = left
+        if offset + size in self._free_at:
+            size += self._remove(offset + size)
+        self._insert(offset, size)
+
+    def largest_free(self) -> int:
+        if not self._nonempty:
+            return 0
+        top = self._classes[self._nonempty.bit_length() - 1]
+        return max(self._free_at[o] for o in top)
+
+    def _find(self, need: int) -> int | None:
+        cls = need.bit_length()
+        higher = self._nonempty >> (cls + 1)
+        if higher:
+            k = cls + 1 + ((higher & -higher).bit_length() - 1)
+            return next(iter(self._classes[k]))
+        for offset in self._classes[cls]:          # same class: sizes vary, check each
+            if self._free_at[offset] >= need:
+                return offset
+        return None
+
+    def _insert(self, offset: int, size: int) -> None:
+        self._free_at[offset] = size
+        self._free_end[offset + size] = offset
+        k = size.bit_length()
+        self._classes[k].add(offset)
+        self._nonempty |= 1 << k
+
+    def _remove(self, offset: int) -> int:
+        size = self._free_at.pop(offset)
+        del self._free_end[offset + size]
+        k = size.bit_length()
+        self._classes[k].discard(offset)
+        if not self._classes[k]:
+            self._nonempty &= ~(1 << k)
+        return size
+
+    def check_invariants(self, allocated: Iterable[tuple[int, int]] | None = None) -> None:
+        """Free blocks are disjoint, coalesced and indexed consistently; with `allocated`
+        (offset, size) pairs: they are disjoint from each other and the free blocks, and
+        used + free == capacity."""
+        free_total = 0
+        prev_end = -1
+        for offset in sorted(self._free_at):
+            size = self._free_at[offset]
+            assert size > 0 and offset % self.alignment == 0, (offset, size)
+            assert offset > prev_end, f"free blocks overlap or touch at {offset}"
+            assert self._free_end[offset + size] == offset
+            assert offset in self._classes[size.bit_length()]
+            prev_end = offset + size
+            free_total += size
+        assert len(self._free_end) == len(self._free_at)
+        assert sum(len(c) for c in self._classes) == len(self._free_at)
+        assert free_total + self.used == self.capacity, (free_total, self.used, self.capacity)
+        if allocated is None:
+            return
+        spans = sorted([(o, self.aligned(max(s, 1)), "used") for o, s in allocated]
+                       + [(o, s, "free") for o, s in self._free_at.items()])
+        end = 0
+        for offset, size, kind in spans:
+            assert offset >= end, f"{kind} block at {offset} overlaps the block before it"
+            end = offset + size
+        assert sum(s for _, s, k in spans if k == "used") == self.used, "used bytes disagree with blocks"

@@ -1,0 +1,29 @@
+"""Eviction policy: names which objects to drop. It frees nothing itself; the store does."""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from kvstore.meta.index import ObjectIndex
+
+
+class EvictionPolicy(Protocol):
+    def victims(self, index: ObjectIndex, protected: Callable[[str], bool], bytes_needed: int) -> list[str]:
+        """Keys whose removal frees at least `bytes_needed` (fewer if not enough is evictable),
+        never one for which protected(key) is true. Does not modify the index."""
+
+
+class LRUEviction:
+    """Least recently used first (recency is the index's COMPLETE order)."""
+
+    def victims(self, index: ObjectIndex, protected: Callable[[str], bool], bytes_needed: int) -> list[str]:
+        chosen: list[str] = []
+        freed = 0
+        for key, entry in index.least_recent():
+            if freed >= bytes_needed:
+                break
+            if protected(key):
+                continue
+            chosen.append(key)
+            freed += entry.size * len(entry.replicas())
+        return chosen

@@ -1,0 +1,150 @@
+r"""The object index: every key's lifecycle and where its replicas live.
+
+Lifecycle (ObjectState):  ABSENT --begin_put--> PENDING --commit--> COMPLETE --remove--> ABSENT
+                                                   \--abandon (revoke / put lease expiry)--> ABSENT
+
+PENDING and COMPLETE objects live in separate tables so the hot COMPLETE table holds only what
+reads need. The COMPLETE table's insertion order is its recency order (oldest first): `touch`
+moves a key to the end, so LRU eviction walks from the front without a separate list.
+
+Memory: at millions of blocks each COMPLETE entry must stay near 300 bytes including its key, so an
+entry is a three-slot object and a replica location is one packed int (see segments.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterator
+
+from kvstore.errors import AlreadyExists, KeyBusy, KeyNotFound
+
+
+class ObjectState(Enum):
+    ABSENT = "absent"
+    PENDING = "pending"
+    COMPLETE = "complete"
+
+
+class Entry:
+    """A COMPLETE object. `locations` is one packed location, or a tuple of them for replicas."""
+
+    __slots__ = ("locations", "size", "checksum")
+
+    def __init__(self, locations: int | tuple[int, ...], size: int, checksum: int) -> None:
+        self.locations = locations
+        self.size = size
+        self.checksum = checksum
+
+    def replicas(self) -> tuple[int, ...]:
+        loc = self.locations
+        return (loc,) if isinstance(loc, int) else loc
+
+
+def _pack(locations: tuple[int, ...]) -> int | tuple[int, ...]:
+    return locations[0] if len(locations) == 1 else locations
+
+
+@dataclass(slots=True)
+class PendingPut:
+    locations: tuple[int, ...]
+    size: int
+    deadline: float        # the put lease: after this the put may be revoked
+
+
+class ObjectIndex:
+    def __init__(self) -> None:
+        self._complete: dict[str, Entry] = {}
+        self._pending: dict[str, PendingPut] = {}
+
+    def __len__(self) -> int:
+        return len(self._complete)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def state(self, key: str) -> ObjectState:
+        if key in self._complete:
+            return ObjectState.COMPLETE
+        if key in self._pending:
+            return ObjectState.PENDING
+        return ObjectState.ABSENT
+
+    def get(self, key: str) -> Entry | None:
+        return self._complete.get(key)
+
+    def get_pending(self, key: str) -> PendingPut | None:
+        return self._pending.get(key)
+
+    def is_complete(self, key: str) -> bool:
+        return key in self._complete
+
+    def begin_put(self, key: str, size: int, locations: tuple[int, ...], deadline: float) -> None:
+        """ABSENT -> PENDING."""
+        if key in self._complete:
+            raise AlreadyExists(key)
+        if key in self._pending:
+            raise KeyBusy(key)
+        self._pending[key] = PendingPut(locations, size, deadline)
+
+    def commit(self, key: str, checksum: int) -> Entry:
+        """PENDING -> COMPLETE, as the most recently used object."""
+        put = self._pending.pop(key, None)
+        if put is None:
+            raise KeyNotFound(key)
+        entry = Entry(_pack(put.locations), put.size, checksum)
+        self._complete[key] = entry
+        return entry
+
+    def abandon(self, key: str) -> PendingPut:
+        """PENDING -> ABSENT; the caller frees the space."""
+        put = self._pending.pop(key, None)
+        if put is None:
+            raise KeyNotFound(key)
+        return put
+
+    def remove(self, key: str) -> Entry:
+        """COMPLETE -> ABSENT; the caller frees the space."""
+        entry = self._complete.pop(key, None)
+        if entry is None:
+            raise KeyNotFound(key)
+        return entry
+
+    def touch(self, key: str) -> None:
+        """Mark a COMPLETE key most recently used."""
+        entry = self._complete.pop(key, None)
+        if entry is not None:
+            self._complete[key] = entry
+
+    def set_replicas(self, key: str, locations: tuple[int, ...]) -> None:
+        """Replace where a key lives (a replica was lost, or the block moved); keeps recency."""
+        if key in self._complete:
+            self._complete[key].locations = _pack(locations)
+        elif key in self._pending:
+            self._pending[key].locations = locations
+        else:
+            raise KeyNotFound(key)
+
+    def least_recent(self) -> Iterator[tuple[str, Entry]]:
+        """COMPLETE objects, least recently used first. Do not mutate while iterating."""
+        return iter(self._complete.items())
+
+    def pending_items(self) -> Iterator[tuple[str, PendingPut]]:
+        return iter(self._pending.items())
+
+    def expired_puts(self, now: float) -> list[str]:
+        return [k for k, p in self._pending.items() if p.deadline < now]
+
+    def all_locations(self) -> Iterator[tuple[str, tuple[int, ...], int]]:
+        """(key, locations, size) for every object that holds space, PENDING or COMPLETE."""
+        for key, entry in self._complete.items():
+            yield key, entry.replicas(), entry.size
+        for key, put in self._pending.items():
+            yield key, put.locations, put.size
+
+    def check_invariants(self) -> None:
+        assert not (self._complete.keys() & self._pending.keys()), "a key is both PENDING and COMPLETE"
+        for key, locations, size in self.all_locations():
+            assert size > 0 and locations, f"{key}: size {size}, locations {locations}"
+            assert len(set(locations)) == len(locations), f"{key}: duplicate replica"

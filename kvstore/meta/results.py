@@ -1,0 +1,38 @@
+"""What the metadata store's operations return, per key, before translation to the wire."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvstore.errors import ErrorCode, KVStoreError
+from kvstore.stats import DaemonStats, StoreStats, TierStats  # noqa: F401 - re-exported
+from kvstore.types import Grant
+
+
+@dataclass(frozen=True)
+class KeyResult:
+    code: ErrorCode = ErrorCode.OK
+    message: str = ""
+
+    @classmethod
+    def of(cls, err: KVStoreError) -> "KeyResult":
+        return cls(err.code, str(err))
+
+
+OK = KeyResult()
+
+
+@dataclass(frozen=True)
+class PutStartResult:
+    code: ErrorCode = ErrorCode.OK
+    message: str = ""
+    grants: tuple[Grant, ...] = ()
+
+
+@dataclass(frozen=True)
+class GetResult:
+    code: ErrorCode = ErrorCode.OK
+    message: str = ""
+    size: int = 0
+    checksum: int = 0
+    grants: tuple[Grant, ...] = ()

@@ -1,0 +1,1 @@
+"""Daemon-side storage: the memory or disk behind a segment, one class per tier."""

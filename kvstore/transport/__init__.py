@@ -1,0 +1,1 @@
+"""The data plane: one small interface (base.py), several implementations chosen by name."""

@@ -1,0 +1,115 @@
+"""Real kvstore processes for tests: started on port 0, waited for by their readiness line."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+READY = re.compile(r"kvstore ready: (.*)")
+SECRET = "tests-shared-secret-0123456789"
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen
+    ready_line: str
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to clean up."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=10)
+
+    def stop(self) -> int:
+        """SIGTERM, as Ctrl-C would: a clean shutdown."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout=20)
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ, KVSTORE_SECRET=SECRET, PYTHONUNBUFFERED="1")
+    env.update(extra or {})
+    return env
+
+
+def spawn(args: list[str], env: dict[str, str] | None = None, timeout: float = 60.0) -> Proc:
+    """Start `kvstore ARGS` and return once it prints its readiness line."""
+    popen = subprocess.Popen([sys.executable, "-m", "kvstore.cli", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=_env(env))
+    lines: queue.Queue[str | None] = queue.Queue()
+    proc = Proc(popen, "")
+
+    def pump() -> None:
+        for line in popen.stdout:
+            proc.lines.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            popen.kill()
+            raise TimeoutError(f"kvstore {' '.join(args)} not ready in {timeout}s:\n{''.join(proc.lines)}")
+        if line is None:
+            raise RuntimeError(f"kvstore {' '.join(args)} exited ({popen.wait()}):\n{''.join(proc.lines)}")
+        if m := READY.search(line):
+            proc.ready_line = m.group(1)
+            return proc
+
+
+class Cluster:
+    """Processes started by a test; all are killed at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[Proc] = []
+
+    def meta(self, env: dict[str, str] | None = None, *extra: str) -> tuple[Proc, str]:
+        proc = spawn(["meta", "--port", "0", *extra], env)
+        self.procs.append(proc)
+        return proc, re.search(r"meta=(\S+)", proc.ready_line).group(1)
+
+    def daemon(self, meta_address: str, dram: str = "256MiB", env: dict[str, str] | None = None,
+               *extra: str) -> Proc:
+        proc = spawn(["daemon", "--meta", meta_address, "--dram", dram, *extra], env)
+        self.procs.append(proc)
+        return proc
+
+    def serve(self, dram: str = "256MiB", *extra: str) -> tuple[Proc, str]:
+        proc = spawn(["serve", "--port", "0", "--dram", dram, *extra])
+        self.procs.append(proc)
+        return proc, re.search(r"meta=(\S+)", proc.ready_line).group(1)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            try:
+                proc.stop()
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Poll `predicate` (a readiness check, not a sleep-for-luck) until true or timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)

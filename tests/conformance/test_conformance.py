@@ -1,0 +1,125 @@
+"""One behavioural suite over every transport: byte-identical round trips, batches, concurrency,
+dead and restarted daemons, corruption."""
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from kvstore.client import KVClient
+from kvstore.config import ClientConfig
+from kvstore.errors import ChecksumMismatch, KeyNotFound, TransportError
+from tests.cluster import wait_until
+from tests.conformance.conftest import FAST_LIVENESS
+
+SIZES = [1, 7, 4096, 65_539, 1 << 20, (16 << 20) + 5, 64 << 20]
+
+
+def payload(seed: int, size: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def ns() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_round_trip_is_byte_identical(client, size):
+    key, data = f"{ns()}/rt", payload(size, size)
+    assert client.put(key, data) is True
+    assert client.get(key) == data
+    out = np.zeros(size + 3, dtype=np.uint8)
+    assert client.get_into(key, out) == size
+    assert out[:size].tobytes() == data and not out[size:].any()
+    client.remove(key, force=True)
+
+
+def test_put_of_existing_key_keeps_first_value(client):
+    key = f"{ns()}/same"
+    assert client.put(key, b"first") is True
+    assert client.put(key, b"second") is False
+    assert client.get(key) == b"first"
+
+
+def test_batch_of_1000_small_blocks(client):
+    prefix = ns()
+    keys = [f"{prefix}/b{i}" for i in range(1000)]
+    values = [payload(i, 1 + i % 300) for i in range(1000)]
+    assert all(client.put_many(keys, values))
+    assert client.match_prefix(keys) == 1000
+    assert client.get_many(keys) == values
+    bufs = [bytearray(400) for _ in keys]
+    sizes = client.get_many_into(keys, bufs)
+    assert all(bytes(b[:n]) == v for b, n, v in zip(bufs, sizes, values))
+    assert client.match_prefix(keys[:10] + [f"{prefix}/missing"] + keys[10:]) == 10
+
+
+def test_get_many_into_reports_misses_without_raising(client):
+    key = f"{ns()}/present"
+    client.put(key, b"x" * 10)
+    results = client.get_many_into([key, f"{ns()}/absent"], [bytearray(10), bytearray(10)], strict=False)
+    assert results[0] == 10 and isinstance(results[1], KeyNotFound)
+
+
+def test_eight_concurrent_clients(shared_cluster, transport):
+    errors = []
+
+    def worker(n: int) -> None:
+        try:
+            with KVClient(shared_cluster, ClientConfig(transports=(transport,))) as c:
+                keys = [f"conc-{transport}-{n}-{i}" for i in range(50)]
+                values = [payload(n * 1000 + i, 1000 + 37 * i) for i in range(50)]
+                c.put_many(keys, values)
+                for _ in range(3):
+                    assert c.get_many(keys) == values
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_corrupted_replica_is_detected(client, shared_cluster):
+    from kvstore import wire
+    from kvstore.v1 import meta_pb2 as pb
+
+    key = f"{ns()}/corrupt"
+    client.put(key, payload(1, 4096))
+    resp = client._rpc("Get", pb.GetRequest(keys=[key]))
+    grant = resp.results[0].replicas[0]
+    seg = wire.segments_by_id(resp.segments)[grant.segment_id]
+    path = seg.endpoint("shm").address.split("|")[-1]
+    with open(path, "r+b") as fh:
+        fh.seek(grant.offset + 100)
+        byte = fh.read(1)
+        fh.seek(grant.offset + 100)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ChecksumMismatch):
+        client.get(key)
+
+
+def test_killed_daemon_fails_fast_and_restart_is_picked_up(cluster, transport):
+    _, address = cluster.meta(FAST_LIVENESS)
+    daemon = cluster.daemon(address, "64MiB", FAST_LIVENESS)
+    cfg = ClientConfig(transports=(transport,), timeout_s=3.0)
+    with KVClient(address, cfg) as client:
+        client.put("before", b"x" * 100_000)
+        daemon.kill()
+        started = time.monotonic()
+        with pytest.raises((TransportError, KeyNotFound)):
+            client.get("before")
+        assert time.monotonic() - started < 2 * cfg.timeout_s   # failed, not hung
+
+        cluster.daemon(address, "64MiB", FAST_LIVENESS)
+        wait_until(lambda: len(client.stats().daemons) == 1 and client.stats().keys == 0,
+                   what="the dead daemon's segments to be dropped")
+        with pytest.raises(KeyNotFound):
+            client.get("before")
+        client.put("after", b"y" * 100_000)                # same client object, new daemon
+        assert client.get("after") == b"y" * 100_000

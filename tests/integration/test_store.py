@@ -1,0 +1,78 @@
+"""The core store across real processes: cross-process round trips, replicas, concurrency."""
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from kvstore.clock import SystemClock
+from kvstore.config import MetaConfig
+from kvstore.grant import GrantSigner
+from kvstore.meta.service import MetaServer
+from kvstore.meta.store import MetaStore
+from kvstore.client import KVClient
+from kvstore.config import ClientConfig
+from tests.cluster import SECRET
+from tests.workers import block
+
+
+def run_worker(*args: str, timeout: float = 600) -> str:
+    proc = subprocess.run([sys.executable, "-m", "tests.workers", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_process_a_puts_1000_mixed_blocks_process_b_reads_them(cluster, transport):
+    _, address = cluster.meta()
+    cluster.daemon(address, "1GiB")
+    run_worker("put", address, transport, f"x-{transport}", "1000", "11")
+    run_worker("check", address, transport, f"x-{transport}", "1000", "11")
+
+
+def test_two_replicas_survive_one_daemon_killed(cluster):
+    _, address = cluster.meta()
+    d1 = cluster.daemon(address, "128MiB")
+    cluster.daemon(address, "128MiB")
+    keys = [f"r/{i}" for i in range(200)]
+    values = [block(3, i, 1000 + i * 97) for i in range(200)]
+    with KVClient(address, ClientConfig(replica_num=2, transports=("tcp",))) as c:
+        c.put_many(keys, values)
+        assert {len(d.segments) for d in c.stats().daemons} == {1}
+        d1.kill()
+        assert c.get_many(keys) == values            # every block from the surviving replica
+    with KVClient(address, ClientConfig(replica_num=2, transports=("shm",))) as c:
+        assert c.get_many(keys) == values
+
+
+@pytest.fixture
+def in_process_meta():
+    """The metadata service in this process, so the test can check its invariants directly."""
+    cfg = MetaConfig(port=0, secret=SECRET)
+    store = MetaStore(cfg, GrantSigner(SECRET.encode()), SystemClock())
+    server = MetaServer(cfg, store).start()
+    yield server
+    server.stop()
+
+
+def test_four_processes_random_ops_no_corruption(cluster, in_process_meta):
+    cluster.daemon(in_process_meta.address, "256MiB")
+    results, errors = [], []
+
+    def one(worker: int, transport: str) -> None:
+        try:
+            results.append(json.loads(run_worker("random", in_process_meta.address, transport, str(worker), "1000")))
+        except AssertionError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(w, "tcp" if w % 2 else "shm")) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sum(r["get"] for r in results) > 0 and sum(r["put"] for r in results) > 0
+    in_process_meta.store.check_invariants()

@@ -1,0 +1,174 @@
+"""MetaStore behaviour driven by a fake clock, with check_invariants() after every step."""
+
+import pytest
+
+from kvstore.clock import FakeClock
+from kvstore.config import MetaConfig
+from kvstore.errors import ErrorCode, InvalidArgument
+from kvstore.grant import GrantSigner
+from kvstore.meta.store import REVOKE_GRACE_S, MetaStore
+from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier
+
+SEG = 64 * 1024
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock):
+    cfg = MetaConfig(lease_ttl_s=5, put_lease_ttl_s=10, heartbeat_ttl_s=10, high_watermark=0.9, low_watermark=0.5)
+    s = MetaStore(cfg, GrantSigner(b"k" * 16), clock)
+    yield s
+    s.check_invariants()
+
+
+def mount(store, daemon="d1", seg="s1", capacity=SEG):
+    store.mount_segment(SegmentInfo(seg, daemon, Tier.DRAM, capacity, (Endpoint("tcp", "127.0.0.1:1"),)))
+
+
+def put(store, keys, size=1024, replicas=1):
+    res = store.put_start(keys, [size] * len(keys), replicas)
+    store.check_invariants()
+    ok = [k for k, r in zip(keys, res) if r.code is ErrorCode.OK]
+    store.put_end(ok, [7] * len(ok))
+    store.check_invariants()
+    return res
+
+
+def test_lifecycle_pending_complete_removed(store):
+    mount(store)
+    [r] = store.put_start(["a"], [100])
+    assert r.code is ErrorCode.OK and r.grants[0].mode is GrantMode.WRITE and r.grants[0].length == 100
+    assert store.exists(["a"]) == [False]
+    assert store.get(["a"])[0].code is ErrorCode.KEY_BUSY
+    assert store.put_start(["a"], [100])[0].code is ErrorCode.KEY_BUSY
+    assert store.put_end(["a"], [42]) == [store.put_end(["a"], [42])[0]]
+    [g] = store.get(["a"])
+    assert (g.code, g.size, g.checksum) == (ErrorCode.OK, 100, 42)
+    assert store.put_start(["a"], [100])[0].code is ErrorCode.ALREADY_EXISTS
+    assert store.remove(["a"], force=True)[0].code is ErrorCode.OK
+    assert store.get(["a"])[0].code is ErrorCode.KEY_NOT_FOUND
+    store.check_invariants()
+
+
+def test_match_prefix_counts_leading_complete_keys(store):
+    mount(store)
+    put(store, ["k0", "k1", "k2", "k4"])
+    assert store.match_prefix(["k0", "k1", "k2", "k3", "k4"]) == 3
+    assert store.match_prefix(["x", "k0"]) == 0
+    assert store.match_prefix([]) == 0
+
+
+def test_bad_keys_and_sizes_are_invalid_argument(store):
+    mount(store)
+    for keys, sizes in ([[""], [1]], [["x" * 1025], [1]], [["a"], [0]], [["a", "b"], [1]]):
+        with pytest.raises(InvalidArgument):
+            store.put_start(keys, sizes)
+    [r] = store.put_start(["huge"], [SEG + 1])
+    assert r.code is ErrorCode.INVALID_ARGUMENT and "larger than any segment" in r.message
+
+
+def test_lru_eviction_order(store, clock):
+    mount(store)                       # 64 KiB; watermarks 0.9 / 0.5; 16 blocks of 4 KiB fill it
+    keys = [f"k{i}" for i in range(14)]
+    for k in keys:
+        put(store, [k], size=4096)
+    store.get(["k0"])                  # k0 becomes most recently used
+    clock.advance(6)                   # its read lease ends
+    store.tick()
+    put(store, ["n0", "n1"], size=4096)  # 16 blocks: past the high watermark
+    alive = [k for k in keys if store.exists([k])[0]]
+    assert "k0" in alive and "k1" not in alive and "k2" not in alive
+    assert store.stats().used <= SEG * 0.5
+    assert store.stats().evictions > 0
+
+
+def test_read_lease_protects_from_eviction_and_remove(store, clock):
+    mount(store)
+    put(store, ["old"], size=4096)
+    store.get(["old"])                 # lease for 5 s
+    assert store.remove(["old"])[0].code is ErrorCode.KEY_BUSY
+    for i in range(20):
+        put(store, [f"f{i}"], size=4096)
+        assert store.exists(["old"]) == [True]
+    clock.advance(6)
+    store.tick()
+    for i in range(20, 40):
+        put(store, [f"f{i}"], size=4096)
+    assert store.exists(["old"]) == [False]
+
+
+def test_exists_does_not_take_a_lease(store):
+    mount(store)
+    put(store, ["a"])
+    store.exists(["a"])
+    store.match_prefix(["a"])
+    assert store.remove(["a"])[0].code is ErrorCode.OK
+
+
+def test_nothing_evictable_is_no_space(store):
+    mount(store)
+    keys = [f"k{i}" for i in range(8)]
+    put(store, keys, size=8192)
+    store.get(keys)                     # all leased
+    [r] = store.put_start(["more"], [8192])
+    assert r.code is ErrorCode.NO_SPACE
+
+
+def test_unfinished_put_is_revoked_and_space_reclaimed(store, clock):
+    mount(store)
+    store.put_start(["zombie"], [SEG // 2])
+    used = store.stats().used
+    clock.advance(10 + REVOKE_GRACE_S + 0.1)
+    store.heartbeat("d1", ["s1"])
+    store.tick()
+    store.check_invariants()
+    assert store.stats().used == used - SEG // 2 and store.stats().revoked_puts == 1
+    assert store.put_end(["zombie"], [1])[0].code is ErrorCode.KEY_NOT_FOUND
+    assert store.put_start(["zombie"], [10])[0].code is ErrorCode.OK
+
+
+def test_stale_pending_put_does_not_block_the_key(store, clock):
+    mount(store)
+    store.put_start(["k"], [10])
+    clock.advance(10 + REVOKE_GRACE_S + 1)
+    assert store.put_start(["k"], [10])[0].code is ErrorCode.OK   # no tick needed
+
+
+def test_silent_daemon_loses_its_segments(store, clock):
+    mount(store, "d1", "s1")
+    mount(store, "d2", "s2")
+    put(store, [f"k{i}" for i in range(6)], size=1024, replicas=2)
+    put(store, ["single"], size=1024)
+    for _ in range(3):
+        clock.advance(4)
+        assert store.heartbeat("d1", ["s1"]) == []
+        store.tick()
+        store.check_invariants()
+    assert {d.daemon_id for d in store.stats().daemons} == {"d1"}
+    assert all(len(r.grants) == 1 and r.grants[0].segment_id == "s1"
+               for r in store.get([f"k{i}" for i in range(6)]))
+    # a restarted daemon is told to mount again
+    assert store.heartbeat("d2", ["s2"]) == ["s2"]
+
+
+def test_replicas_land_on_distinct_daemons(store):
+    mount(store, "d1", "s1a")
+    mount(store, "d1", "s1b")
+    mount(store, "d2", "s2")
+    for r in put(store, [f"k{i}" for i in range(10)], size=512, replicas=2):
+        assert len(r.grants) == 2
+        assert {g.segment_id for g in r.grants} & {"s2"}
+    [r] = put(store, ["three"], size=512, replicas=3)
+    assert len(r.grants) == 2   # only two daemons: stored degraded, not refused
+
+
+def test_unmount_drops_replicas(store):
+    mount(store, "d1", "s1")
+    put(store, ["a", "b"])
+    assert store.unmount_segment("s1") == 2
+    assert store.exists(["a", "b"]) == [False, False]
+    assert store.stats().keys == 0

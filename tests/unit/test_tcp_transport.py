@@ -1,0 +1,386 @@
+"""The tcp transport against a real in-process TcpServer on port 0: round trips, batches,
+concurrency, hostile input on raw sockets, and failure of calls to a daemon that went away."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from kvstore.config import DaemonConfig
+from kvstore.errors import ErrorCode, InvalidArgument, PermissionDenied, TransportError
+from kvstore.grant import GrantSigner
+from kvstore.storage.base import SegmentStorage
+from kvstore.storage.dram import DramSegment
+from kvstore.transport import tcp
+from kvstore.transport.base import GrantChecker, Transfer
+from kvstore.transport.tcp import TcpServer, TcpTransport
+from kvstore.types import Grant, GrantMode, SegmentInfo, Tier
+
+NOW_MS = 1_700_000_000_000
+LATER_MS = NOW_MS + 60_000
+CAPACITY = 32 << 20
+SECRET = b"0123456789abcdef-test-secret"
+
+
+class BytesSegment(SegmentStorage):
+    """A tier without view(): exercises the server's bounce-buffer path. read_into can be made to
+    block, to hold a request inside the server."""
+
+    tier = Tier.DRAM
+
+    def __init__(self, segment_id: str, capacity: int) -> None:
+        self.segment_id, self.capacity = segment_id, capacity
+        self.data = bytearray(capacity)
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.release.set()
+
+    def read_into(self, offset: int, dest: memoryview) -> None:
+        self.entered.set()
+        self.release.wait(10)
+        dest[:] = self.data[offset:offset + len(dest)]
+
+    def write_from(self, offset: int, src: memoryview) -> None:
+        self.data[offset:offset + len(src)] = src
+
+    def close(self, remove: bool = True) -> None:
+        pass
+
+
+class Daemon:
+    """A TcpServer with one DRAM and one view-less segment, and the signer that grants on them."""
+
+    def __init__(self, shm_dir: str) -> None:
+        self.signer = GrantSigner(SECRET)
+        self.dram = DramSegment("seg-dram", CAPACITY, shm_dir)
+        self.plain = BytesSegment("seg-plain", 1 << 20)
+        segments = {s.segment_id: s for s in (self.dram, self.plain)}
+        self.server = TcpServer(GrantChecker(self.signer, segments.get, lambda: NOW_MS),
+                                DaemonConfig(host="127.0.0.1", tcp_port=0))
+        self.server.start()
+
+    def info(self, segment: SegmentStorage) -> SegmentInfo:
+        return SegmentInfo(segment.segment_id, "d1", Tier.DRAM, segment.capacity,
+                           (self.server.endpoint(segment),))
+
+    def grant(self, offset: int, length: int, mode: GrantMode, segment: str = "seg-dram",
+              expires_ms: int = LATER_MS) -> Grant:
+        return self.signer.sign(segment, offset, length, mode, expires_ms)
+
+    def snapshot(self) -> bytes:
+        return bytes(self.dram.view(0, CAPACITY))
+
+
+@pytest.fixture
+def daemon(tmp_path) -> Iterator[Daemon]:
+    d = Daemon(str(tmp_path))
+    yield d
+    d.server.stop()
+    d.dram.close()
+
+
+@pytest.fixture
+def client() -> Iterator[TcpTransport]:
+    c = TcpTransport()
+    yield c
+    c.close()
+
+
+def deadline(seconds: float = 10.0) -> float:
+    return time.monotonic() + seconds
+
+
+def put(daemon: Daemon, client: TcpTransport, offset: int, data: bytes) -> None:
+    transfer = Transfer(daemon.grant(offset, len(data), GrantMode.WRITE), memoryview(data))
+    client.write(daemon.info(daemon.dram), [transfer], deadline())
+
+
+def get(daemon: Daemon, client: TcpTransport, offset: int, length: int) -> bytes:
+    out = bytearray(length)
+    transfer = Transfer(daemon.grant(offset, length, GrantMode.READ), memoryview(out))
+    client.read(daemon.info(daemon.dram), [transfer], deadline())
+    return bytes(out)
+
+
+def raw_request(mode: GrantMode, grants: list[Grant], segment_id: str = "seg-dram") -> bytes:
+    return tcp._encode_request(segment_id, mode, grants)
+
+
+def raw_connect(daemon: Daemon) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", daemon.server.port), timeout=10)
+    return sock
+
+
+def read_reply(sock: socket.socket) -> tuple[int, str]:
+    head = tcp._recv_exact(sock, tcp.REPLY_HEADER.size, deadline())
+    magic, version, status, size = tcp.REPLY_HEADER.unpack(head)
+    assert (magic, version) == (tcp.MAGIC, tcp.VERSION)
+    return status, tcp._recv_exact(sock, size, deadline()).decode()
+
+
+def assert_closed(sock: socket.socket) -> None:
+    try:
+        assert sock.recv(1) == b""
+    except ConnectionResetError:
+        pass
+
+
+def assert_still_serving(daemon: Daemon, before: bytes) -> None:
+    """The daemon serves a new connection, and the hostile request changed no byte."""
+    assert daemon.snapshot() == before
+    fresh = TcpTransport()
+    try:
+        assert get(daemon, fresh, 0, 4096) == before[:4096]
+    finally:
+        fresh.close()
+
+
+@pytest.fixture
+def seeded(daemon: Daemon, client: TcpTransport) -> bytes:
+    put(daemon, client, 0, os.urandom(1 << 20))
+    return daemon.snapshot()
+
+
+# --- behaviour -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [1, 100, 4096, 65537, 1 << 20, (8 << 20) + 3])
+def test_round_trip_is_byte_identical(daemon: Daemon, client: TcpTransport, size: int) -> None:
+    data = os.urandom(size)
+    put(daemon, client, 12345, data)
+    assert bytes(daemon.dram.view(12345, size)) == data
+    assert get(daemon, client, 12345, size) == data
+
+
+def test_batch_of_1000_small_blocks_reuses_one_connection(daemon: Daemon, client: TcpTransport) -> None:
+    blocks = [os.urandom(100 + i % 37) for i in range(1000)]
+    offsets = [i * 256 for i in range(1000)]
+    info = daemon.info(daemon.dram)
+    client.write(info, [Transfer(daemon.grant(o, len(b), GrantMode.WRITE), memoryview(b))
+                        for o, b in zip(offsets, blocks)], deadline())
+    outs = [bytearray(len(b)) for b in blocks]
+    client.read(info, [Transfer(daemon.grant(o, len(b), GrantMode.READ), memoryview(out))
+                       for o, b, out in zip(offsets, blocks, outs)], deadline())
+    assert [bytes(o) for o in outs] == blocks
+    assert len(client._idle[info.endpoints[0].address]) == 1
+
+
+def test_batches_over_the_item_limit_are_split(daemon: Daemon, client: TcpTransport, monkeypatch) -> None:
+    monkeypatch.setattr(tcp, "MAX_ITEMS", 7)
+    blocks = [bytes([i]) * 10 for i in range(50)]
+    info = daemon.info(daemon.dram)
+    client.write(info, [Transfer(daemon.grant(i * 10, 10, GrantMode.WRITE), memoryview(b))
+                        for i, b in enumerate(blocks)], deadline())
+    assert get(daemon, client, 0, 500) == b"".join(blocks)
+
+
+def test_eight_threads_share_one_transport(daemon: Daemon, client: TcpTransport) -> None:
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(40):
+                data = os.urandom(1000 + 997 * i)
+                offset = n * (2 << 20) + i * 50_000
+                put(daemon, client, offset, data)
+                assert get(daemon, client, offset, len(data)) == data
+        except BaseException as exc:     # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_segment_without_view_uses_bounce_buffers(daemon: Daemon, client: TcpTransport) -> None:
+    info, data = daemon.info(daemon.plain), os.urandom(5000)
+    client.write(info, [Transfer(daemon.grant(7, 5000, GrantMode.WRITE, "seg-plain"), memoryview(data))],
+                 deadline())
+    assert bytes(daemon.plain.data[7:5007]) == data
+    out = bytearray(5000)
+    client.read(info, [Transfer(daemon.grant(7, 5000, GrantMode.READ, "seg-plain"), memoryview(out))],
+                deadline())
+    assert out == data
+
+
+def test_reads_into_typed_buffers(daemon: Daemon, client: TcpTransport) -> None:
+    data = os.urandom(4096)
+    put(daemon, client, 0, data)
+    out = memoryview(bytearray(4096)).cast("I")
+    client.read(daemon.info(daemon.dram), [Transfer(daemon.grant(0, 4096, GrantMode.READ), out)], deadline())
+    assert out.tobytes() == data
+
+
+# --- refused grants through the client ------------------------------------------------------
+
+@pytest.mark.parametrize("mode", [GrantMode.READ, GrantMode.WRITE])
+@pytest.mark.parametrize("bad", ["forged", "expired", "out_of_range", "unknown_segment"])
+def test_bad_grants_are_refused(daemon: Daemon, client: TcpTransport, seeded: bytes,
+                                mode: GrantMode, bad: str) -> None:
+    good = daemon.grant(0, 4096, mode)
+    grant = {
+        "forged": Grant(good.segment_id, good.offset, good.length, mode, good.expires_ms, bytes(16)),
+        "expired": daemon.grant(0, 4096, mode, expires_ms=NOW_MS - 1),
+        "out_of_range": daemon.grant(CAPACITY - 100, 4096, mode),
+        "unknown_segment": daemon.signer.sign("seg-dram", 0, 4096, mode, LATER_MS),
+    }[bad]
+    info = daemon.info(daemon.dram)
+    if bad == "unknown_segment":
+        grant = daemon.signer.sign("nope", 0, 4096, mode, LATER_MS)
+        info = SegmentInfo("nope", "d1", Tier.DRAM, CAPACITY, info.endpoints)
+    # a valid item first: nothing moves unless every grant of the request checks
+    transfers = [Transfer(good, memoryview(bytearray(4096))), Transfer(grant, memoryview(bytearray(4096)))]
+    if bad == "unknown_segment":
+        transfers = transfers[1:]
+    call = client.write if mode is GrantMode.WRITE else client.read
+    with pytest.raises(PermissionDenied):
+        call(info, transfers, deadline())
+    assert_still_serving(daemon, seeded)
+    assert get(daemon, client, 0, 100) == seeded[:100]      # the pooled client recovers too
+
+
+def test_refused_large_write_reports_the_refusal(daemon: Daemon, client: TcpTransport, seeded: bytes) -> None:
+    grant = daemon.grant(0, 16 << 20, GrantMode.WRITE, expires_ms=NOW_MS - 1)
+    with pytest.raises(PermissionDenied, match="expired"):
+        client.write(daemon.info(daemon.dram), [Transfer(grant, memoryview(bytearray(16 << 20)))], deadline())
+    assert_still_serving(daemon, seeded)
+
+
+def test_client_checks_buffers_against_grants(daemon: Daemon, client: TcpTransport) -> None:
+    info = daemon.info(daemon.dram)
+    with pytest.raises(InvalidArgument):
+        client.read(info, [Transfer(daemon.grant(0, 10, GrantMode.READ), memoryview(bytearray(9)))], deadline())
+    with pytest.raises(InvalidArgument):
+        client.read(info, [Transfer(daemon.grant(0, 10, GrantMode.WRITE), memoryview(bytearray(10)))], deadline())
+    with pytest.raises(InvalidArgument):
+        client.read(info, [Transfer(daemon.grant(0, 10, GrantMode.READ), memoryview(bytes(10)))], deadline())
+
+
+# --- hostile input on raw sockets -----------------------------------------------------------
+
+def test_wrong_mode_read_is_refused_and_connection_stays_usable(daemon: Daemon, seeded: bytes) -> None:
+    with raw_connect(daemon) as sock:
+        sock.sendall(raw_request(GrantMode.READ, [daemon.grant(0, 10, GrantMode.WRITE)]))
+        assert read_reply(sock)[0] == ErrorCode.PERMISSION_DENIED
+        sock.sendall(raw_request(GrantMode.READ, [daemon.grant(0, 10, GrantMode.READ)]))
+        assert read_reply(sock)[0] == ErrorCode.OK
+        assert tcp._recv_exact(sock, 10, deadline()) == seeded[:10]
+    assert_still_serving(daemon, seeded)
+
+
+def test_wrong_mode_write_is_refused_unread_and_closed(daemon: Daemon, seeded: bytes) -> None:
+    with raw_connect(daemon) as sock:
+        sock.sendall(raw_request(GrantMode.WRITE, [daemon.grant(0, 10, GrantMode.READ)]) + b"x" * 10)
+        assert read_reply(sock)[0] == ErrorCode.PERMISSION_DENIED
+        assert_closed(sock)
+    assert_still_serving(daemon, seeded)
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x00" * 64,
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    tcp.REQUEST_HEADER.pack(b"KVTQ", tcp.VERSION, 1, 8, 1),                  # wrong magic
+    tcp.REQUEST_HEADER.pack(tcp.MAGIC, 99, 1, 8, 1),                         # wrong version
+    tcp.REQUEST_HEADER.pack(tcp.MAGIC, tcp.VERSION, 3, 8, 1),                # unknown op
+    tcp.REQUEST_HEADER.pack(tcp.MAGIC, tcp.VERSION, 2, 8, 0xFFFF_FFFF),      # absurd count
+    tcp.REQUEST_HEADER.pack(tcp.MAGIC, tcp.VERSION, 2, 0xFFFF, 1),           # absurd segment id
+    tcp.REQUEST_HEADER.pack(tcp.MAGIC, tcp.VERSION, 2, 0, 1),                # empty segment id
+])
+def test_malformed_headers_get_an_error_and_a_close(daemon: Daemon, seeded: bytes, payload: bytes) -> None:
+    with raw_connect(daemon) as sock:
+        sock.sendall(payload)
+        assert read_reply(sock)[0] == ErrorCode.INVALID_ARGUMENT
+        assert_closed(sock)
+    assert_still_serving(daemon, seeded)
+
+
+def test_undecodable_items_are_refused(daemon: Daemon, seeded: bytes) -> None:
+    good = tcp.ITEM.pack(0, 10, 1, LATER_MS, bytes(16))
+    bad_mode = tcp.ITEM.pack(0, 10, 7, LATER_MS, bytes(16))
+    for segment_id, item in ((b"\xff\xfe", good), (b"seg-dram", bad_mode)):
+        with raw_connect(daemon) as sock:
+            sock.sendall(tcp.REQUEST_HEADER.pack(tcp.MAGIC, tcp.VERSION, 1, len(segment_id), 1) + segment_id + item)
+            assert read_reply(sock)[0] == ErrorCode.INVALID_ARGUMENT
+    assert_still_serving(daemon, seeded)
+
+
+@pytest.mark.parametrize("cut", [3, tcp.REQUEST_HEADER.size + 4, tcp.REQUEST_HEADER.size + 8 + 20])
+def test_truncated_requests_close_the_connection(daemon: Daemon, seeded: bytes, cut: int) -> None:
+    request = raw_request(GrantMode.READ, [daemon.grant(0, 10, GrantMode.READ)])
+    with raw_connect(daemon) as sock:
+        sock.sendall(request[:cut])
+        sock.shutdown(socket.SHUT_WR)
+        assert_closed(sock)
+    assert_still_serving(daemon, seeded)
+
+
+def test_client_vanishing_mid_payload_writes_only_inside_its_grant(daemon: Daemon, seeded: bytes) -> None:
+    grant = daemon.grant(4096, 8192, GrantMode.WRITE)
+    with raw_connect(daemon) as sock:
+        sock.sendall(raw_request(GrantMode.WRITE, [grant]) + b"\xaa" * 3000)
+        sock.shutdown(socket.SHUT_WR)
+        assert_closed(sock)
+    after = daemon.snapshot()
+    assert after[:4096] == seeded[:4096] and after[4096 + 8192:] == seeded[4096 + 8192:]
+    assert_still_serving(daemon, after)
+
+
+# --- a daemon that goes away ------------------------------------------------------------------
+
+def test_stopping_the_server_fails_a_pending_call_promptly(daemon: Daemon, client: TcpTransport) -> None:
+    daemon.plain.release.clear()
+    failures: list[BaseException] = []
+
+    def reader() -> None:
+        out = memoryview(bytearray(10))
+        try:
+            client.read(daemon.info(daemon.plain),
+                        [Transfer(daemon.grant(0, 10, GrantMode.READ, "seg-plain"), out)], deadline(30))
+        except BaseException as exc:     # noqa: BLE001 - checked below
+            failures.append(exc)
+
+    pending = threading.Thread(target=reader)
+    pending.start()
+    assert daemon.plain.entered.wait(10)
+    stopper = threading.Thread(target=daemon.server.stop)
+    stopper.start()
+    pending.join(5)
+    assert not pending.is_alive()
+    assert len(failures) == 1 and isinstance(failures[0], TransportError)
+    daemon.plain.release.set()
+    stopper.join(10)
+    assert not stopper.is_alive()
+
+
+def test_connection_refused_is_a_transport_error(daemon: Daemon, client: TcpTransport) -> None:
+    info = daemon.info(daemon.dram)
+    put(daemon, client, 0, b"x")                   # leaves a pooled connection behind
+    daemon.server.stop()
+    with pytest.raises(TransportError, match=info.endpoints[0].address):
+        get(daemon, client, 0, 1)
+
+
+def test_silent_daemon_fails_at_the_deadline(daemon: Daemon, client: TcpTransport) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:      # accepts (backlog), never answers
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        info = SegmentInfo("seg-dram", "d1", Tier.DRAM, CAPACITY, (tcp.Endpoint("tcp", address),))
+        out = memoryview(bytearray(10))
+        with pytest.raises(TransportError, match="deadline"):
+            client.read(info, [Transfer(daemon.grant(0, 10, GrantMode.READ), out)], time.monotonic() + 0.2)
+
+
+def test_stop_is_prompt_with_idle_connections_open(daemon: Daemon, client: TcpTransport) -> None:
+    put(daemon, client, 0, b"abc")
+    idle = [raw_connect(daemon) for _ in range(5)]
+    started = time.monotonic()
+    daemon.server.stop()
+    assert time.monotonic() - started < 2.0
+    for sock in idle:
+        assert_closed(sock)
+        sock.close()
