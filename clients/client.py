@@ -108,18 +108,17 @@ class KVClient:
         if any(len(v) == 0 for v in views):
             raise InvalidArgument("empty values are not stored")
         sums = [checksum(v) for v in views]
-        resp = self._rpc("PutStart", pb.PutStartRequest(keys=keys, sizes=[len(v) for v in views],
-                                                        replica_num=replica_num or self.config.replica_num))
-        segments = wire.segments_by_id(resp.segments)
+        deadline = time.monotonic() + self.config.timeout_s
+        results, segments = self._put_start(keys, [len(v) for v in views],
+                                            replica_num or self.config.replica_num, deadline)
         written = [False] * len(keys)
         errors: dict[int, KVStoreError] = {}
         pending: dict[int, list[Grant]] = {}
-        for i, result in enumerate(resp.results):
+        for i, result in enumerate(results):
             if result.status.code == ErrorCode.OK:
                 pending[i] = [wire.grant_from_pb(g) for g in result.replicas]
             elif result.status.code != ErrorCode.ALREADY_EXISTS:
                 errors[i] = error_for(result.status.code, result.status.message)
-        deadline = time.monotonic() + self.config.timeout_s
         by_segment: dict[str, list[tuple[int, Transfer]]] = defaultdict(list)
         for i, grants in pending.items():
             for g in grants:
@@ -147,6 +146,43 @@ class KVClient:
         if errors:
             raise errors[min(errors)]
         return written
+
+    def _put_start(self, keys: Sequence[str], sizes: list[int], replica_num: int,
+                   deadline: float) -> tuple[list[Any], dict[str, SegmentInfo]]:
+        """PutStart, asking again for keys the service is making room for (retry_after_ms), until
+        they are placed or the deadline passes."""
+        results: list[Any] = [None] * len(keys)
+        segments: dict[str, SegmentInfo] = {}
+        todo = list(range(len(keys)))
+        while todo:
+            resp = self._rpc("PutStart", pb.PutStartRequest(keys=[keys[i] for i in todo],
+                                                            sizes=[sizes[i] for i in todo],
+                                                            replica_num=replica_num))
+            segments.update(wire.segments_by_id(resp.segments))
+            retry, wait_ms = [], 0
+            for i, result in zip(todo, resp.results):
+                results[i] = result
+                if result.status.code == ErrorCode.NO_SPACE and result.retry_after_ms:
+                    retry.append(i)
+                    wait_ms = max(wait_ms, result.retry_after_ms)
+            if not retry or time.monotonic() + wait_ms / 1000 > deadline:
+                break
+            time.sleep(wait_ms / 1000)   # the service said when room will be made: back off that long
+            todo = retry
+        return results, segments
+
+    # -- pins ------------------------------------------------------------------------------------
+
+    def pin(self, keys: Sequence[str], ttl_s: float) -> list[KVStoreError | None]:
+        """Keep stored keys from eviction and tier moves for ttl_s (e.g. a shared system prompt).
+        Per key: None, KeyNotFound, or NoSpace when the tier's pin cap is reached."""
+        _validate(keys)
+        resp = self._rpc("Pin", pb.PinRequest(keys=keys, ttl_ms=int(ttl_s * 1000)))
+        return [wire.status_error(s) for s in resp.results]
+
+    def unpin(self, keys: Sequence[str]) -> list[KVStoreError | None]:
+        _validate(keys)
+        return [wire.status_error(s) for s in self._rpc("Unpin", pb.UnpinRequest(keys=keys)).results]
 
     # -- get -------------------------------------------------------------------------------------
 

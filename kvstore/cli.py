@@ -16,6 +16,7 @@ from kvstore.config import ClientConfig, DaemonConfig, MetaConfig, load_config, 
 from kvstore.errors import KVStoreError
 
 DEFAULT_META = os.environ.get("KVSTORE_META", "127.0.0.1:50051")
+DEFAULT_SSD_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kvstore", "ssd")
 log = logging.getLogger("kvstore")
 
 
@@ -55,15 +56,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     meta = _start_meta(meta_cfg)
     daemon_cfg = load_config(DaemonConfig, args.config, meta_address=meta.address, host=args.host,
                              secret=secret, dram_size=args.dram, segment_size=args.segment_size,
-                             transports=args.transports)
+                             transports=args.transports, ssd_dir=args.ssd_dir, ssd_size=args.ssd)
     try:
         daemon = _start_daemon(daemon_cfg)
     except BaseException:
         meta.stop()
         raise
     print(f"kvstore meta listening on {meta.address}", flush=True)
-    print(f"kvstore daemon {daemon.daemon_id}: {daemon_cfg.dram_size >> 20} MiB DRAM via {_daemon_summary(daemon)}",
-          flush=True)
+    ssd = f" + {daemon_cfg.ssd_size >> 20} MiB SSD in {daemon_cfg.ssd_dir}" if daemon_cfg.ssd_dir else ""
+    print(f"kvstore daemon {daemon.daemon_id}: {daemon_cfg.dram_size >> 20} MiB DRAM{ssd} via "
+          f"{_daemon_summary(daemon)}", flush=True)
     print(f"kvstore ready: meta={meta.address} (Ctrl-C to stop)", flush=True)
     _wait_for_signal()
     daemon.stop()
@@ -84,7 +86,8 @@ def cmd_meta(args: argparse.Namespace) -> int:
 def cmd_daemon(args: argparse.Namespace) -> int:
     cfg = load_config(DaemonConfig, args.config, meta_address=args.meta, host=args.host,
                       tcp_port=args.tcp_port, secret=args.secret, dram_size=args.dram,
-                      segment_size=args.segment_size, transports=args.transports, daemon_id=args.daemon_id)
+                      segment_size=args.segment_size, transports=args.transports, daemon_id=args.daemon_id,
+                      ssd_dir=args.ssd_dir, ssd_size=args.ssd)
     daemon = _start_daemon(cfg)
     print(f"kvstore ready: daemon={daemon.daemon_id} {_daemon_summary(daemon)}", flush=True)
     _wait_for_signal()
@@ -173,14 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--secret", default=None, help="grant key shared by meta and daemons "
                         "(default $KVSTORE_SECRET)")
 
-    def daemon_opts(sp: argparse.ArgumentParser) -> None:
+    def daemon_opts(sp: argparse.ArgumentParser, ssd_dir: str | None) -> None:
         sp.add_argument("--dram", type=_size, default=None, help="DRAM to offer, e.g. 1GiB")
         sp.add_argument("--segment-size", type=_size, default=None, help="size of each DRAM segment")
         sp.add_argument("--transports", type=_transports, default=None, help="e.g. shm,tcp")
+        sp.add_argument("--ssd-dir", default=ssd_dir, help="directory for the SSD tier ('' = none)"
+                        + (f"; default {ssd_dir}" if ssd_dir else ""))
+        sp.add_argument("--ssd", type=_size, default=None, help="disk to offer in --ssd-dir, e.g. 16GiB")
 
     sp = sub.add_parser("serve", help="metadata service + one storage daemon on this machine")
     server_opts(sp)
-    daemon_opts(sp)
+    daemon_opts(sp, DEFAULT_SSD_DIR)
     sp.add_argument("--port", type=int, default=None, help="metadata port (default 50051; 0 = any)")
     sp.set_defaults(fn=cmd_serve)
 
@@ -191,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("daemon", help="a storage daemon")
     server_opts(sp)
-    daemon_opts(sp)
+    daemon_opts(sp, None)
     sp.add_argument("--meta", default=DEFAULT_META, help="metadata service address")
     sp.add_argument("--tcp-port", type=int, default=None)
     sp.add_argument("--daemon-id", default=None)

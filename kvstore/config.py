@@ -52,8 +52,13 @@ class MetaConfig:
     lease_ttl_s: float = 5.0            # read lease: blocks a get returned are not evicted/moved
     put_lease_ttl_s: float = 30.0       # an unfinished put is revoked after this
     heartbeat_ttl_s: float = 10.0       # a daemon silent this long loses its segments
-    high_watermark: float = 0.95        # start evicting when used/capacity passes this
+    high_watermark: float = 0.95        # DRAM: start evicting (or demoting) past used/capacity
     low_watermark: float = 0.85         # ... and stop once below this
+    ssd_high_watermark: float = 0.95    # SSD: delete least recently used blocks past this
+    ssd_low_watermark: float = 0.90
+    promote_after_hits: int = 2         # reads of an SSD-resident block that bring it back to DRAM
+    pin_cap: float = 0.5                # share of a tier's capacity that pins may hold
+    move_timeout_s: float = 30.0        # a claimed tier move not reported by then is abandoned
     tick_interval_s: float = 0.5
     workers: int = 8
 
@@ -61,7 +66,11 @@ class MetaConfig:
         _require(0 <= self.port < 65536, f"meta port {self.port} out of range")
         _require(0.0 < self.low_watermark < self.high_watermark <= 1.0,
                  f"need 0 < low_watermark ({self.low_watermark}) < high_watermark ({self.high_watermark}) <= 1")
-        for name in ("lease_ttl_s", "put_lease_ttl_s", "heartbeat_ttl_s", "tick_interval_s"):
+        _require(0.0 < self.ssd_low_watermark < self.ssd_high_watermark <= 1.0,
+                 "need 0 < ssd_low_watermark < ssd_high_watermark <= 1")
+        _require(0.0 <= self.pin_cap <= 1.0, "pin_cap is a share of capacity, 0..1")
+        _require(self.promote_after_hits >= 1, "promote_after_hits must be at least 1")
+        for name in ("lease_ttl_s", "put_lease_ttl_s", "heartbeat_ttl_s", "tick_interval_s", "move_timeout_s"):
             _require(getattr(self, name) > 0, f"{name} must be positive")
 
     @property
@@ -83,17 +92,32 @@ class DaemonConfig:
     shm_dir: str = "/dev/shm"
     heartbeat_interval_s: float = 2.0
     transports: tuple[str, ...] = ("shm", "tcp")
+    ssd_dir: str = ""                   # empty: no SSD tier
+    ssd_size: int = 4 << 30             # bytes of disk offered in ssd_dir
+    ssd_segment_size: int = 1 << 30
+    move_poll_s: float = 0.05           # how often an idle daemon asks for tier moves
+    move_batch_bytes: int = 64 << 20    # bytes of tier moves claimed at once
 
     def __post_init__(self) -> None:
         _require(self.dram_size > 0, "dram_size must be positive")
+        _require(not self.ssd_dir or self.ssd_size >= 4096, "ssd_size must be at least 4 KiB")
+        _require(self.ssd_segment_size >= 4096, "ssd_segment_size must be at least 4 KiB")
         _require(self.segment_size > 0, "segment_size must be positive")
         _require(self.heartbeat_interval_s > 0, "heartbeat_interval_s must be positive")
         _require(0 <= self.tcp_port < 65536, f"tcp_port {self.tcp_port} out of range")
 
     @property
     def segment_sizes(self) -> list[int]:
-        full, rest = divmod(self.dram_size, self.segment_size)
-        return [self.segment_size] * full + ([rest] if rest else [])
+        return _split(self.dram_size, self.segment_size)
+
+    @property
+    def ssd_segment_sizes(self) -> list[int]:
+        return _split(self.ssd_size, self.ssd_segment_size) if self.ssd_dir else []
+
+
+def _split(total: int, piece: int) -> list[int]:
+    full, rest = divmod(total, piece)
+    return [piece] * full + ([rest] if rest >= 4096 else [])
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from kvstore.config import DaemonConfig, resolve_secret
 from kvstore.errors import Unavailable, from_rpc_error
 from kvstore.grant import GrantSigner
 from kvstore.hostid import pid_alive
+from kvstore.mover import TierMover
 from kvstore.storage.base import SegmentStorage
 from kvstore.storage.dram import DramSegment
 from kvstore.transport import registry
@@ -57,6 +58,9 @@ class StorageDaemon:
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="daemon-heartbeat", daemon=True)
         self._channel = grpc.insecure_channel(config.meta_address)
         self._meta = pb_grpc.MetaServiceStub(self._channel)
+        self._recovered: dict[str, list] = {}
+        self._ssd_lock: int | None = None
+        self._mover: TierMover | None = None
 
     def segment(self, segment_id: str) -> SegmentStorage | None:
         return self._segments.get(segment_id)
@@ -70,10 +74,11 @@ class StorageDaemon:
         swept = sweep_stale_segments(self.config.shm_dir)
         if swept:
             log.info("removed %d segment files left by killed daemons", swept)
-        for i, size in enumerate(self.config.segment_sizes):
-            seg = DramSegment(f"{self.daemon_id}-dram{i}", size, self.config.shm_dir)
-            self._segments[seg.segment_id] = seg
         try:
+            for i, size in enumerate(self.config.segment_sizes):
+                seg = DramSegment(f"{self.daemon_id}-dram{i}", size, self.config.shm_dir)
+                self._segments[seg.segment_id] = seg
+            self._open_ssd()
             for name in self.config.transports:
                 server = registry.server_class(name)(self._checker, self.config)
                 server.start()
@@ -83,6 +88,10 @@ class StorageDaemon:
             self._release()
             raise
         self._heartbeat.start()
+        if self.config.ssd_dir:
+            self._mover = TierMover(self.daemon_id, self._meta, self.segment, self.config.move_poll_s,
+                                    self.config.move_batch_bytes)
+            self._mover.start()
         log.info("daemon %s serving %d segments (%d bytes) over %s", self.daemon_id, len(self._segments),
                  sum(s.capacity for s in self._segments.values()), ", ".join(self.config.transports))
         return self
@@ -95,9 +104,44 @@ class StorageDaemon:
         endpoints = tuple(ep for server in self._servers if (ep := server.endpoint(seg)) is not None)
         return SegmentInfo(seg.segment_id, self.daemon_id, seg.tier, seg.capacity, endpoints)
 
+    def _open_ssd(self) -> None:
+        """Open (or create) the SSD segments and find which blocks survived the last run."""
+        if not self.config.ssd_dir:
+            return
+        import fcntl
+
+        from kvstore.storage.ssd import SsdSegment
+
+        directory = Path(self.config.ssd_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._ssd_lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._ssd_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Unavailable(f"SSD directory {directory} is in use by another daemon; "
+                              "give each daemon its own --ssd-dir") from None
+        for i, size in enumerate(self.config.ssd_segment_sizes):
+            seg = SsdSegment.open(directory, i, size)
+            self._segments[seg.segment_id] = seg
+            report = seg.recover()
+            self._recovered[seg.segment_id] = report.blocks
+            if report.blocks or report.dropped:
+                log.info("%s: %d blocks recovered, %d dropped as corrupt", seg.segment_id,
+                         len(report.blocks), len(report.dropped))
+
     def _mount_all(self, deadline: float) -> None:
         for seg in self._segments.values():
             self._mount(seg, deadline)
+        for segment_id, blocks in self._recovered.items():
+            self._announce(segment_id, blocks)
+        self._recovered.clear()
+
+    def _announce(self, segment_id: str, blocks: list) -> None:
+        for start in range(0, len(blocks), 1000):
+            batch = blocks[start:start + 1000]
+            self._meta.AnnounceBlocks(pb.AnnounceBlocksRequest(segment_id=segment_id, blocks=[
+                pb.AnnouncedBlock(key=b.key, offset=b.offset, size=b.size, checksum=b.checksum) for b in batch]),
+                timeout=30)
 
     def _mount(self, seg: SegmentStorage, deadline: float) -> None:
         request = pb.MountSegmentRequest(segment=wire.segment_to_pb(self.info(seg)))
@@ -120,15 +164,21 @@ class StorageDaemon:
                                                                 segment_ids=list(self._segments)),
                                             timeout=max(1.0, interval))
                 for segment_id in resp.unknown_segment_ids:
-                    # The service restarted or gave us up for dead: offer the segment afresh.
+                    # The service restarted or gave us up for dead: offer the segment afresh, and
+                    # what a persistent segment still holds.
                     log.warning("metadata service does not know segment %s: mounting it again", segment_id)
-                    self._mount(self._segments[segment_id], time.monotonic() + interval)
+                    seg = self._segments[segment_id]
+                    self._mount(seg, time.monotonic() + interval)
+                    if seg.persistent:
+                        self._announce(segment_id, seg.recover().blocks)
             except (grpc.RpcError, Unavailable) as exc:
                 log.warning("heartbeat to %s failed: %s", self.config.meta_address, exc)
 
     def stop(self) -> None:
         """Unmount (best effort), stop serving, and delete the segment files."""
         self._stop.set()
+        if self._mover is not None:
+            self._mover.stop()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=5)
         for segment_id in self._segments:
@@ -143,6 +193,9 @@ class StorageDaemon:
             server.stop()
         self._servers.clear()
         for seg in self._segments.values():
-            seg.close(remove=True)
+            seg.close(remove=not seg.persistent)     # SSD blocks are kept for the next start
         self._segments.clear()
+        if self._ssd_lock is not None:
+            os.close(self._ssd_lock)
+            self._ssd_lock = None
         self._channel.close()

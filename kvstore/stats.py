@@ -35,5 +35,6 @@ class StoreStats:
     evictions: int
     revoked_puts: int
     leased: int
+    pinned: int = 0
     tiers: tuple[TierStats, ...] = ()
     daemons: tuple[DaemonStats, ...] = ()

@@ -56,6 +56,28 @@ class Grant:
     mac: bytes
 
 
+class MoveKind(IntEnum):
+    """Direction of a tier move."""
+
+    DEMOTE = 1
+    PROMOTE = 2
+
+
+@dataclass(frozen=True)
+class MoveTask:
+    """Copy one block between two segments of the same daemon (claimed by that daemon)."""
+
+    move_id: int
+    kind: MoveKind
+    key: str
+    src_segment_id: str
+    src_offset: int
+    dst_segment_id: str
+    dst_offset: int
+    size: int
+    checksum: int
+
+
 def validate_key(key: str) -> None:
     """Raise InvalidArgument unless `key` is a usable key."""
     from kvstore.errors import InvalidArgument

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from kvstore.errors import ErrorCode, KVStoreError, error_for
-from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier
+from kvstore.stats import DaemonStats, StoreStats, TierStats
+from kvstore.types import Endpoint, Grant, GrantMode, MoveKind, MoveTask, SegmentInfo, Tier
 from kvstore.v1 import meta_pb2 as pb
 
 _TIER_TO_PB = {Tier.GPU: pb.TIER_GPU, Tier.DRAM: pb.TIER_DRAM, Tier.SSD: pb.TIER_SSD}
@@ -57,13 +58,33 @@ def segments_by_id(msgs: Iterable[pb.Segment]) -> dict[str, SegmentInfo]:
     return {m.segment_id: segment_from_pb(m) for m in msgs}
 
 
-def stats_from_pb(msg) -> "StoreStats":
-    from kvstore.stats import DaemonStats, StoreStats, TierStats
+def stats_to_pb(s: StoreStats) -> pb.StatsResponse:
+    return pb.StatsResponse(
+        keys=s.keys, pending=s.pending, capacity=s.capacity, used=s.used, evictions=s.evictions,
+        revoked_puts=s.revoked_puts, leased=s.leased, pinned=s.pinned,
+        tiers=[pb.TierStats(tier=tier_to_pb(t.tier), capacity=t.capacity, used=t.used, blocks=t.blocks,
+                            hits=t.hits, evictions=t.evictions, demotions=t.demotions,
+                            promotions=t.promotions) for t in s.tiers],
+        daemons=[pb.DaemonInfo(daemon_id=d.daemon_id, last_heartbeat_ms=int(d.last_heartbeat * 1000),
+                               segments=[segment_to_pb(x) for x in d.segments]) for d in s.daemons])
 
+
+def stats_from_pb(msg: pb.StatsResponse) -> StoreStats:
     return StoreStats(
         keys=msg.keys, pending=msg.pending, capacity=msg.capacity, used=msg.used, evictions=msg.evictions,
-        revoked_puts=msg.revoked_puts, leased=msg.leased,
+        revoked_puts=msg.revoked_puts, leased=msg.leased, pinned=msg.pinned,
         tiers=tuple(TierStats(tier_from_pb(t.tier), t.capacity, t.used, t.blocks, t.hits, t.evictions,
                               t.demotions, t.promotions) for t in msg.tiers),
         daemons=tuple(DaemonStats(d.daemon_id, d.last_heartbeat_ms / 1000,
                                   tuple(segment_from_pb(s) for s in d.segments)) for d in msg.daemons))
+
+
+def move_to_pb(t: MoveTask) -> pb.MoveTask:
+    return pb.MoveTask(move_id=t.move_id, kind=int(t.kind), key=t.key, src_segment_id=t.src_segment_id,
+                       src_offset=t.src_offset, dst_segment_id=t.dst_segment_id, dst_offset=t.dst_offset,
+                       size=t.size, checksum=t.checksum)
+
+
+def move_from_pb(m: pb.MoveTask) -> MoveTask:
+    return MoveTask(m.move_id, MoveKind(m.kind), m.key, m.src_segment_id, m.src_offset, m.dst_segment_id,
+                    m.dst_offset, m.size, m.checksum)

@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 KV=.venv/bin/kvstore
 log=$(mktemp)
-$KV serve --port 0 --dram 256MiB >"$log" 2>&1 &
+ssd=$(mktemp -d)
+$KV serve --port 0 --dram 256MiB --ssd-dir "$ssd" --ssd 512MiB >"$log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$log"' EXIT
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$log" "$ssd"' EXIT
 for _ in $(seq 300); do   # readiness: the server prints its address when it is serving
   grep -q "kvstore ready" "$log" && break
   kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }

@@ -91,7 +91,9 @@ class Cluster:
         return proc
 
     def serve(self, dram: str = "256MiB", *extra: str) -> tuple[Proc, str]:
-        proc = spawn(["serve", "--port", "0", "--dram", dram, *extra])
+        """`kvstore serve`, without an SSD tier unless `extra` names an --ssd-dir."""
+        ssd = [] if "--ssd-dir" in extra else ["--ssd-dir", ""]
+        proc = spawn(["serve", "--port", "0", "--dram", dram, *ssd, *extra])
         self.procs.append(proc)
         return proc, re.search(r"meta=(\S+)", proc.ready_line).group(1)
 

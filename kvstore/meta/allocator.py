@@ -43,6 +43,25 @@ class OffsetAllocator:
         self.used += need
         return offset
 
+    def reserve(self, offset: int, size: int) -> bool:
+        """Mark [offset, offset+size) allocated if it is entirely free (used to re-announce blocks a
+        daemon found on restart); False if any of it is taken."""
+        need = self.aligned(max(size, 1))
+        if offset % self.alignment or offset < 0 or offset + need > self.capacity:
+            return False
+        for start, length in self._free_at.items():
+            if start <= offset and offset + need <= start + length:
+                break
+        else:
+            return False
+        self._remove(start)
+        if offset > start:
+            self._insert(start, offset - start)
+        if start + length > offset + need:
+            self._insert(offset + need, start + length - offset - need)
+        self.used += need
+        return True
+
     def free(self, offset: int, size: int) -> None:
         """Return a block given by allocate(size); merges with free neighbours."""
         size = self.aligned(max(size, 1))

@@ -97,6 +97,14 @@ class ObjectIndex:
         self._complete[key] = entry
         return entry
 
+    def insert_complete(self, key: str, locations: tuple[int, ...], size: int, checksum: int) -> Entry:
+        """ABSENT -> COMPLETE directly: a block a restarted daemon found intact on disk."""
+        if key in self._complete or key in self._pending:
+            raise AlreadyExists(key)
+        entry = Entry(_pack(locations), size, checksum)
+        self._complete[key] = entry
+        return entry
+
     def abandon(self, key: str) -> PendingPut:
         """PENDING -> ABSENT; the caller frees the space."""
         put = self._pending.pop(key, None)

@@ -27,6 +27,7 @@ class PutStartResult:
     code: ErrorCode = ErrorCode.OK
     message: str = ""
     grants: tuple[Grant, ...] = ()
+    retry_after_ms: int = 0       # with NO_SPACE: room is being made, retry after this long
 
 
 @dataclass(frozen=True)

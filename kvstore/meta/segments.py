@@ -115,6 +115,15 @@ class SegmentTable:
     def largest_capacity(self, tier: Tier) -> int:
         return max((s.allocator.capacity for s in self.segments(tier)), default=0)
 
+    def place_on(self, daemon_id: str, tier: Tier, size: int) -> tuple[Segment, int] | None:
+        """Allocate `size` bytes in one of `daemon_id`'s segments of `tier`, emptiest first."""
+        segs = [s for s in self.segments(tier) if s.daemon_id == daemon_id]
+        for seg in sorted(segs, key=lambda s: -s.allocator.free_bytes):
+            offset = seg.allocator.allocate(size)
+            if offset is not None:
+                return seg, offset
+        return None
+
     def place(self, size: int, replica_num: int, tier: Tier = Tier.DRAM) -> list[tuple[Segment, int]]:
         """Allocate up to `replica_num` copies of `size` bytes on distinct daemons, emptiest first.
 

@@ -67,7 +67,8 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         results = self.store.put_start(list(request.keys), list(request.sizes), request.replica_num or 1)
         return pb.PutStartResponse(
             results=[pb.PutStartResult(status=wire.status_to_pb(r.code, r.message),
-                                       replicas=[wire.grant_to_pb(g) for g in r.grants]) for r in results],
+                                       replicas=[wire.grant_to_pb(g) for g in r.grants],
+                                       retry_after_ms=r.retry_after_ms) for r in results],
             segments=_referenced_segments(self.store, (r.grants for r in results)))
 
     @_translating
@@ -103,16 +104,34 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
         return pb.RemoveResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
 
     @_translating
+    def Pin(self, request, context):
+        results = self.store.pin(list(request.keys), request.ttl_ms / 1000)
+        return pb.PinResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
+
+    @_translating
+    def Unpin(self, request, context):
+        results = self.store.unpin(list(request.keys))
+        return pb.UnpinResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
+
+    @_translating
+    def ClaimMoves(self, request, context):
+        tasks = self.store.claim_moves(request.daemon_id, request.max_bytes)
+        return pb.ClaimMovesResponse(tasks=[wire.move_to_pb(t) for t in tasks])
+
+    @_translating
+    def CompleteMoves(self, request, context):
+        self.store.complete_moves(request.daemon_id, [(r.move_id, r.ok, r.error) for r in request.results])
+        return pb.CompleteMovesResponse()
+
+    @_translating
+    def AnnounceBlocks(self, request, context):
+        results = self.store.announce(request.segment_id,
+                                      [(b.key, b.offset, b.size, b.checksum) for b in request.blocks])
+        return pb.AnnounceBlocksResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
+
+    @_translating
     def Stats(self, request, context):
-        s = self.store.stats()
-        return pb.StatsResponse(
-            keys=s.keys, pending=s.pending, capacity=s.capacity, used=s.used, evictions=s.evictions,
-            revoked_puts=s.revoked_puts, leased=s.leased,
-            tiers=[pb.TierStats(tier=wire.tier_to_pb(t.tier), capacity=t.capacity, used=t.used, blocks=t.blocks,
-                                hits=t.hits, evictions=t.evictions, demotions=t.demotions,
-                                promotions=t.promotions) for t in s.tiers],
-            daemons=[pb.DaemonInfo(daemon_id=d.daemon_id, last_heartbeat_ms=int(d.last_heartbeat * 1000),
-                                   segments=[wire.segment_to_pb(x) for x in d.segments]) for d in s.daemons])
+        return wire.stats_to_pb(self.store.stats())
 
 
 class MetaServer:

@@ -1,15 +1,14 @@
 """MetaStore: the metadata service's logic as a plain, thread-safe class (no gRPC here).
 
-It ties together the index (what exists), the segment table (where space is), leases (what must
-not move), and the eviction policy (what to drop). Every public method takes the one lock, reads
-the injected clock once, and leaves `check_invariants()` true.
+It answers the API (puts, gets, existence, removal, pins, tier moves) over MetaState's tables,
+asks the eviction policy what to drop and Tiering what to move. Every public method takes the one
+lock, reads the injected clock once, and leaves `check_invariants()` true.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from typing import Sequence
 
 from kvstore.clock import Clock, SystemClock
@@ -17,12 +16,12 @@ from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.grant import GrantSigner
 from kvstore.meta.eviction import EvictionPolicy, LRUEviction
-from kvstore.meta.index import ObjectIndex, ObjectState
-from kvstore.meta.lease import LeaseTable
-from kvstore.meta.results import (OK, DaemonStats, GetResult, KeyResult, PutStartResult, StoreStats,
-                                  TierStats)
-from kvstore.meta.segments import Segment, SegmentTable, pack_location, unpack_location
-from kvstore.types import GrantMode, SegmentInfo, Tier, validate_key
+from kvstore.meta.index import ObjectState
+from kvstore.meta.results import OK, DaemonStats, GetResult, KeyResult, PutStartResult, StoreStats, TierStats
+from kvstore.meta.segments import Segment, pack_location, unpack_location
+from kvstore.meta.state import MetaState
+from kvstore.meta.tiering import Tiering
+from kvstore.types import GrantMode, MoveTask, SegmentInfo, Tier, validate_key
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +29,7 @@ log = logging.getLogger(__name__)
 # before expiry cannot land in space already handed to another key.
 REVOKE_GRACE_S = 2.0
 EVICTION_STEP = 0.05   # when out of room, evict at least this share of capacity per round
+RETRY_AFTER_MS = 50
 
 
 class MetaStore:
@@ -39,40 +39,67 @@ class MetaStore:
         self._signer = signer
         self._clock = clock or SystemClock()
         self._policy = policy or LRUEviction()
-        self._index = ObjectIndex()
-        self._segments = SegmentTable()
-        self._leases = LeaseTable()
+        self._st = MetaState()
+        self._tiering = Tiering(config, self._st, self._policy)
         self._lock = threading.RLock()
-        self._counters: Counter[str] = Counter()
-        self._tier_counters: Counter[tuple[Tier, str]] = Counter()
 
     # -- segments and daemons -------------------------------------------------------------------
 
     def mount_segment(self, info: SegmentInfo) -> None:
+        """Add a segment. A persistent segment re-mounted by a restarted daemon replaces the old
+        mount (whose replicas are dropped; the daemon re-announces what survived)."""
         with self._lock:
-            self._segments.mount(info, self._clock.now())
+            old = self._st.segments.get(info.segment_id)
+            if old is not None and old.daemon_id != info.daemon_id:
+                log.warning("segment %s moves from daemon %s to %s", info.segment_id, old.daemon_id,
+                            info.daemon_id)
+                self._unmount(old)
+            self._st.segments.mount(info, self._clock.now())
             log.info("mounted segment %s of daemon %s (%s, %d bytes)", info.segment_id, info.daemon_id,
                      info.tier.value, info.capacity)
 
     def unmount_segment(self, segment_id: str) -> int:
         """Forget a segment and every replica in it; returns how many replicas were dropped."""
         with self._lock:
-            seg = self._segments.get(segment_id)
-            if seg is None:
-                return 0
-            dropped = self._drop_segment_replicas(seg)
-            self._segments.unmount(segment_id)
-            return dropped
+            seg = self._st.segments.get(segment_id)
+            return 0 if seg is None else self._unmount(seg)
+
+    def _unmount(self, seg: Segment) -> int:
+        dropped = self._st.drop_segment_replicas(seg)
+        self._st.segments.unmount(seg.segment_id)
+        return dropped
 
     def heartbeat(self, daemon_id: str, segment_ids: Sequence[str]) -> list[str]:
         """Record liveness; returns the ids among `segment_ids` that are not mounted."""
         with self._lock:
-            self._segments.heartbeat(daemon_id, self._clock.now())
-            return [s for s in segment_ids if self._segments.get(s) is None]
+            self._st.segments.heartbeat(daemon_id, self._clock.now())
+            return [s for s in segment_ids if self._st.segments.get(s) is None]
 
     def segments(self, segment_ids: Sequence[str]) -> list[SegmentInfo]:
         with self._lock:
-            return [s.info for sid in dict.fromkeys(segment_ids) if (s := self._segments.get(sid))]
+            return [s.info for sid in dict.fromkeys(segment_ids) if (s := self._st.segments.get(sid))]
+
+    def announce(self, segment_id: str, blocks: Sequence[tuple[str, int, int, int]]) -> list[KeyResult]:
+        """Register (key, offset, size, checksum) blocks a restarted daemon found intact in a
+        mounted persistent segment. Keys stored elsewhere already are left as they are."""
+        with self._lock:
+            seg = self._st.segments.get(segment_id)
+            if seg is None:
+                raise InvalidArgument(f"segment {segment_id} is not mounted: mount it before announcing")
+            results = []
+            for key, offset, size, crc in blocks:
+                validate_key(key)
+                if self._st.index.state(key) is not ObjectState.ABSENT:
+                    results.append(KeyResult(ErrorCode.ALREADY_EXISTS, f"{key!r} is already stored"))
+                elif size <= 0 or not seg.allocator.reserve(offset, size):
+                    results.append(KeyResult(ErrorCode.INVALID_ARGUMENT,
+                                             f"[{offset}, +{size}) is not free in segment {segment_id}"))
+                else:
+                    location = pack_location(seg.number, offset)
+                    self._st.index.insert_complete(key, (location,), size, crc)
+                    self._st.count_blocks((location,), +1)
+                    results.append(OK)
+            return results
 
     # -- puts -----------------------------------------------------------------------------------
 
@@ -92,27 +119,29 @@ class MetaStore:
             return results
 
     def _put_start_one(self, key: str, size: int, replica_num: int, now: float) -> PutStartResult:
-        state = self._index.state(key)
+        state = self._st.index.state(key)
         if state is ObjectState.COMPLETE:
             return PutStartResult(ErrorCode.ALREADY_EXISTS, f"{key!r} is already stored")
         if state is ObjectState.PENDING:
-            put = self._index.get_pending(key)
-            if put.deadline + REVOKE_GRACE_S >= now:
+            if self._st.index.get_pending(key).deadline + REVOKE_GRACE_S >= now:
                 return PutStartResult(ErrorCode.KEY_BUSY, f"another put of {key!r} is in progress; "
                                       "read it once that put ends, or retry the put later")
-            self._revoke(key)   # a stale put (its writer vanished) must not block the key forever
-        largest = self._segments.largest_capacity(Tier.DRAM)
+            self._st.revoke(key)   # a stale put (its writer vanished) must not block the key forever
+        largest = self._st.segments.largest_capacity(Tier.DRAM)
         if size > largest:
             return PutStartResult(ErrorCode.INVALID_ARGUMENT,
                                   f"value of {size} bytes is larger than any segment ({largest} bytes); "
                                   "split it into smaller blocks or mount larger segments")
         placed = self._place(size, replica_num, now)
         if not placed:
+            if self._tiering.want_room(size, now):
+                return PutStartResult(ErrorCode.NO_SPACE, "DRAM is full; blocks are being demoted to SSD: retry",
+                                      retry_after_ms=RETRY_AFTER_MS)
             return PutStartResult(ErrorCode.NO_SPACE, f"no room for {size} bytes even after eviction: "
                                   "add daemons or memory, or wait for leases and pins to end")
         deadline = now + self.config.put_lease_ttl_s
         locations = tuple(pack_location(seg.number, off) for seg, off in placed)
-        self._index.begin_put(key, size, locations, deadline)
+        self._st.index.begin_put(key, size, locations, deadline)
         grants = tuple(self._signer.sign(seg.segment_id, off, size, GrantMode.WRITE, int(deadline * 1000))
                        for seg, off in placed)
         return PutStartResult(grants=grants)
@@ -124,15 +153,13 @@ class MetaStore:
         with self._lock:
             results = []
             for key, crc in zip(keys, checksums):
-                if self._index.get_pending(key) is None:
-                    code = ErrorCode.OK if self._index.is_complete(key) else ErrorCode.KEY_NOT_FOUND
-                    results.append(KeyResult(code, "" if code is ErrorCode.OK else
-                                             f"no put of {key!r} in progress (revoked after its put lease, "
-                                             "or its daemon died): put it again"))
+                if self._st.index.get_pending(key) is None:
+                    done = self._st.index.is_complete(key)
+                    results.append(OK if done else KeyResult(
+                        ErrorCode.KEY_NOT_FOUND, f"no put of {key!r} in progress (revoked after its put "
+                        "lease, or its daemon died): put it again"))
                     continue
-                entry = self._index.commit(key, crc)
-                for loc in entry.replicas():
-                    self._tier_counters[self._segment_of(loc).info.tier, "blocks"] += 1
+                self._st.count_blocks(self._st.index.commit(key, crc).replicas(), +1)
                 results.append(OK)
             return results
 
@@ -140,10 +167,10 @@ class MetaStore:
         with self._lock:
             results = []
             for key in keys:
-                if self._index.get_pending(key) is None:
+                if self._st.index.get_pending(key) is None:
                     results.append(KeyResult(ErrorCode.KEY_NOT_FOUND, f"no put of {key!r} in progress"))
                 else:
-                    self._revoke(key)
+                    self._st.revoke(key)
                     results.append(OK)
             return results
 
@@ -157,23 +184,24 @@ class MetaStore:
             until = now + self.config.lease_ttl_s
             results = []
             for key in keys:
-                entry = self._index.get(key)
+                entry = self._st.index.get(key)
                 if entry is None:
                     results.append(self._miss(key))
                     continue
-                self._index.touch(key)
-                self._leases.hold(key, until)
+                self._st.index.touch(key)
+                self._st.leases.hold(key, until)
+                self._tiering.note_read(key, entry)
                 grants = []
                 for loc in entry.replicas():
-                    seg = self._segment_of(loc)
-                    self._tier_counters[seg.info.tier, "hits"] += 1
+                    seg = self._st.segment_of(loc)
+                    self._st.tier_counters[seg.info.tier, "hits"] += 1
                     grants.append(self._signer.sign(seg.segment_id, unpack_location(loc)[1], entry.size,
                                                     GrantMode.READ, int(until * 1000)))
                 results.append(GetResult(size=entry.size, checksum=entry.checksum, grants=tuple(grants)))
             return results
 
     def _miss(self, key: str) -> GetResult:
-        if self._index.get_pending(key) is not None:
+        if self._st.index.get_pending(key) is not None:
             return GetResult(ErrorCode.KEY_BUSY, f"{key!r} is still being written; retry once its put ends")
         return GetResult(ErrorCode.KEY_NOT_FOUND, f"{key!r} is not stored (never put, removed, evicted, "
                          "or lost with its daemon); recompute it")
@@ -182,17 +210,76 @@ class MetaStore:
         """Whether each key is COMPLETE. Takes no lease: polling must not block eviction."""
         _validate_keys(keys)
         with self._lock:
-            return [self._index.is_complete(k) for k in keys]
+            return [self._st.index.is_complete(k) for k in keys]
 
     def match_prefix(self, keys: Sequence[str]) -> int:
         """How many leading keys are COMPLETE. Takes no lease."""
         _validate_keys(keys)
         with self._lock:
-            is_complete = self._index.is_complete
+            is_complete = self._st.index.is_complete
             for i, key in enumerate(keys):
                 if not is_complete(key):
                     return i
             return len(keys)
+
+    # -- pins -----------------------------------------------------------------------------------
+
+    def pin(self, keys: Sequence[str], ttl_s: float) -> list[KeyResult]:
+        """Keep COMPLETE keys from eviction and moves for `ttl_s`; NO_SPACE past a tier's pin cap."""
+        _validate_keys(keys)
+        if ttl_s <= 0:
+            raise InvalidArgument("a pin needs a positive ttl")
+        with self._lock:
+            now = self._clock.now()
+            self._st.pins.expire(now)
+            pinned = self._pinned_bytes()
+            results = []
+            for key in keys:
+                entry = self._st.index.get(key)
+                if entry is None:
+                    results.append(KeyResult(ErrorCode.KEY_NOT_FOUND, f"{key!r} is not stored; put it first"))
+                    continue
+                tiers = [self._st.tier_of(loc) for loc in entry.replicas()]
+                if not self._st.pins.held(key, now):
+                    over = [t for t in tiers if pinned.get(t, 0) + entry.size >
+                            self.config.pin_cap * self._st.usage(t)[1]]
+                    if over:
+                        results.append(KeyResult(ErrorCode.NO_SPACE, f"pins on tier {over[0].value} would pass "
+                                                 f"{self.config.pin_cap:.0%} of its capacity; unpin something"))
+                        continue
+                    for t in tiers:
+                        pinned[t] = pinned.get(t, 0) + entry.size
+                self._st.pins.hold(key, now + ttl_s)
+                results.append(OK)
+            return results
+
+    def unpin(self, keys: Sequence[str]) -> list[KeyResult]:
+        with self._lock:
+            results = []
+            for key in keys:
+                held = key in self._st.pins.keys()
+                self._st.pins.release(key)
+                results.append(OK if held else KeyResult(ErrorCode.KEY_NOT_FOUND, f"{key!r} is not pinned"))
+            return results
+
+    def _pinned_bytes(self) -> dict[Tier, int]:
+        total: dict[Tier, int] = {}
+        for key in self._st.pins.keys():
+            entry = self._st.index.get(key)
+            for loc in entry.replicas() if entry else ():
+                tier = self._st.tier_of(loc)
+                total[tier] = total.get(tier, 0) + entry.size
+        return total
+
+    # -- tier moves (the daemon's side) ---------------------------------------------------------
+
+    def claim_moves(self, daemon_id: str, max_bytes: int) -> list[MoveTask]:
+        with self._lock:
+            return self._tiering.claim(daemon_id, max_bytes, self._clock.now())
+
+    def complete_moves(self, daemon_id: str, results: Sequence[tuple[int, bool, str]]) -> None:
+        with self._lock:
+            self._tiering.complete(daemon_id, list(results), self._clock.now())
 
     # -- removal and eviction -------------------------------------------------------------------
 
@@ -202,159 +289,109 @@ class MetaStore:
             now = self._clock.now()
             results = []
             for key in keys:
-                state = self._index.state(key)
+                state = self._st.index.state(key)
                 if state is ObjectState.ABSENT:
                     results.append(KeyResult(ErrorCode.KEY_NOT_FOUND, f"{key!r} is not stored"))
                 elif state is ObjectState.PENDING:
                     results.append(KeyResult(ErrorCode.KEY_BUSY, f"{key!r} is being written; revoke the put "
                                              "or remove it after the put ends"))
-                elif self._leases.held(key, now) and not force:
-                    left = self._leases.until(key) - now
+                elif self._st.leases.held(key, now) and not force:
+                    left = self._st.leases.until(key) - now
                     results.append(KeyResult(ErrorCode.KEY_BUSY, f"{key!r} is being read (lease ends in "
                                              f"{left:.1f} s); retry then, or remove with force"))
                 else:
-                    self._drop(key)
+                    self._st.drop(key)
                     results.append(OK)
             return results
 
     def tick(self) -> None:
-        """Periodic upkeep: revoke expired puts, end leases, drop silent daemons, evict."""
+        """Periodic upkeep: revoke expired puts, end leases and pins, abandon stale moves, drop
+        silent daemons, evict."""
         with self._lock:
             now = self._clock.now()
-            for key in self._index.expired_puts(now - REVOKE_GRACE_S):
+            for key in self._st.index.expired_puts(now - REVOKE_GRACE_S):
                 log.warning("revoking put of %r: not ended within its %.1f s put lease", key,
                             self.config.put_lease_ttl_s)
-                self._revoke(key)
-            self._leases.expire(now)
-            for daemon in self._segments.silent_daemons(now, self.config.heartbeat_ttl_s):
+                self._st.revoke(key)
+            self._st.leases.expire(now)
+            self._st.pins.expire(now)
+            self._tiering.expire(now)
+            for daemon in self._st.segments.silent_daemons(now, self.config.heartbeat_ttl_s):
                 log.warning("daemon %s silent for %.1f s: dropping its %d segments", daemon.daemon_id,
                             now - daemon.last_heartbeat, len(daemon.segment_ids))
                 for segment_id in list(daemon.segment_ids):
-                    self.unmount_segment(segment_id)
+                    self._unmount(self._st.segments.get(segment_id))
             self._evict_to_watermark(now)
 
-    def _protected(self, now: float):
-        held = self._leases.held
-        return lambda key: held(key, now)
-
     def _place(self, size: int, replica_num: int, now: float) -> list[tuple[Segment, int]]:
-        placed = self._segments.place(size, replica_num)
-        capacity = sum(s.allocator.capacity for s in self._segments.segments(Tier.DRAM))
+        placed = self._st.segments.place(size, replica_num)
+        if placed or self._tiering.enabled():
+            return placed          # with an SSD tier, room is made by demotion, not by dropping
+        capacity = self._st.usage(Tier.DRAM)[1]
         while not placed:
-            step = max(size, int(capacity * EVICTION_STEP))
-            victims = self._policy.victims(self._index, self._protected(now), step)
+            victims = self._policy.victims(self._st.index, self._st.protected(now),
+                                           max(size, int(capacity * EVICTION_STEP)))
             if not victims:
                 return []
-            self._evict(victims)
-            placed = self._segments.place(size, replica_num)
+            self._st.evict(victims)
+            placed = self._st.segments.place(size, replica_num)
         return placed
 
     def _evict_to_watermark(self, now: float) -> None:
-        segs = self._segments.segments(Tier.DRAM)
-        capacity = sum(s.allocator.capacity for s in segs)
-        used = sum(s.allocator.used for s in segs)
-        if not capacity or used <= capacity * self.config.high_watermark:
-            return
-        need = used - int(capacity * self.config.low_watermark)
-        self._evict(self._policy.victims(self._index, self._protected(now), need))
-
-    def _evict(self, keys: list[str]) -> None:
-        for key in keys:
-            for loc in self._drop(key):
-                self._tier_counters[self._segment_of(loc).info.tier, "evictions"] += 1
-        self._counters["evictions"] += len(keys)
-
-    # -- mechanism ------------------------------------------------------------------------------
-
-    def _segment_of(self, location: int) -> Segment:
-        return self._segments.by_number(unpack_location(location)[0])
-
-    def _free(self, locations: tuple[int, ...], size: int) -> None:
-        for loc in locations:
-            number, offset = unpack_location(loc)
-            self._segments.by_number(number).allocator.free(offset, size)
-
-    def _drop(self, key: str) -> tuple[int, ...]:
-        """COMPLETE -> ABSENT, freeing its space; returns the locations it had."""
-        entry = self._index.remove(key)
-        self._leases.release(key)
-        locations = entry.replicas()
-        for loc in locations:
-            self._tier_counters[self._segment_of(loc).info.tier, "blocks"] -= 1
-        self._free(locations, entry.size)
-        return locations
-
-    def _revoke(self, key: str) -> None:
-        put = self._index.abandon(key)
-        self._free(put.locations, put.size)
-        self._counters["revoked_puts"] += 1
-
-    def _drop_segment_replicas(self, seg: Segment) -> int:
-        affected = [(k, locs) for k, locs, _ in self._index.all_locations()
-                    if any(unpack_location(loc)[0] == seg.number for loc in locs)]
-        for key, locs in affected:
-            keep = tuple(loc for loc in locs if unpack_location(loc)[0] != seg.number)
-            complete = self._index.is_complete(key)
-            if complete:
-                self._tier_counters[seg.info.tier, "blocks"] -= len(locs) - len(keep)
-            if keep:
-                self._index.set_replicas(key, keep)
-            elif complete:
-                self._index.remove(key)
-                self._leases.release(key)
-            else:
-                self._index.abandon(key)
-        return len(affected)
+        if self._tiering.enabled():
+            self._tiering.enforce_ssd_watermark(now)
+            return                 # DRAM above its watermark is demoted by the daemons' claims
+        used, capacity = self._st.usage(Tier.DRAM)
+        if capacity and used > capacity * self.config.high_watermark:
+            need = used - int(capacity * self.config.low_watermark)
+            self._st.evict(self._policy.victims(self._st.index, self._st.protected(now), need))
 
     # -- introspection --------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
         with self._lock:
-            segs = self._segments.segments()
+            st = self._st
             tiers = []
             for tier in Tier:
-                in_tier = [s for s in segs if s.info.tier == tier]
-                if not in_tier and not self._tier_counters[tier, "blocks"]:
-                    continue
-                c = {name: self._tier_counters[tier, name]
-                     for name in ("blocks", "hits", "evictions", "demotions", "promotions")}
-                tiers.append(TierStats(tier, sum(s.allocator.capacity for s in in_tier),
-                                       sum(s.allocator.used for s in in_tier), **c))
+                used, capacity = st.usage(tier)
+                if capacity or st.tier_counters[tier, "blocks"]:
+                    c = {n: st.tier_counters[tier, n] for n in ("blocks", "hits", "evictions", "demotions", "promotions")}
+                    tiers.append(TierStats(tier, capacity, used, **c))
             daemons = tuple(DaemonStats(d.daemon_id, d.last_heartbeat,
-                                        tuple(self._segments.get(s).info for s in sorted(d.segment_ids)))
-                            for d in self._segments.daemons())
-            return StoreStats(keys=len(self._index), pending=self._index.pending_count,
+                                        tuple(st.segments.get(s).info for s in sorted(d.segment_ids)))
+                            for d in st.segments.daemons())
+            segs = st.segments.segments()
+            return StoreStats(keys=len(st.index), pending=st.index.pending_count,
                               capacity=sum(s.allocator.capacity for s in segs),
-                              used=sum(s.allocator.used for s in segs),
-                              evictions=self._counters["evictions"],
-                              revoked_puts=self._counters["revoked_puts"],
-                              leased=len(self._leases), tiers=tuple(tiers), daemons=daemons)
+                              used=sum(s.allocator.used for s in segs), evictions=st.counters["evictions"],
+                              revoked_puts=st.counters["revoked_puts"], leased=len(st.leases),
+                              pinned=len(st.pins), tiers=tuple(tiers), daemons=daemons)
 
     def check_invariants(self) -> None:
-        """Index consistent; every replica in a mounted segment; allocators agree with the index."""
+        """Index consistent; every replica in a mounted segment, on distinct daemons; allocators
+        agree with the index and the moves in flight."""
         with self._lock:
-            self._index.check_invariants()
-            by_segment: dict[int, list[tuple[int, int]]] = {s.number: [] for s in self._segments.segments()}
-            for key, locations, size in self._index.all_locations():
+            st = self._st
+            st.index.check_invariants()
+            by_segment: dict[int, list[tuple[int, int]]] = {s.number: [] for s in st.segments.segments()}
+            daemon_of = {s.number: s.daemon_id for s in st.segments.segments()}
+            for key, locations, size in st.index.all_locations():
                 numbers = [unpack_location(loc)[0] for loc in locations]
-                assert len(set(numbers)) == len(numbers), f"{key}: two replicas in one segment"
+                assert all(n in by_segment for n in numbers), f"{key}: replica in an unmounted segment"
+                assert len({daemon_of[n] for n in numbers}) == len(numbers), f"{key}: two replicas on one daemon"
                 for loc in locations:
-                    number, offset = unpack_location(loc)
-                    assert number in by_segment, f"{key}: replica in unmounted segment {number}"
-                    by_segment[number].append((offset, size))
-            daemons_of = {}
-            for seg in self._segments.segments():
+                    by_segment[unpack_location(loc)[0]].append((unpack_location(loc)[1], size))
+            for loc, size in self._tiering.destinations():
+                by_segment[unpack_location(loc)[0]].append((unpack_location(loc)[1], size))
+            for seg in st.segments.segments():
                 seg.allocator.check_invariants(by_segment[seg.number])
-                daemons_of.setdefault(seg.number, seg.daemon_id)
-            for key, locations, _ in self._index.all_locations():
-                owners = [daemons_of[unpack_location(loc)[0]] for loc in locations]
-                assert len(set(owners)) == len(owners), f"{key}: two replicas on one daemon"
-            for key in self._leases.keys():
-                assert self._index.is_complete(key), f"lease on {key!r}, which is not COMPLETE"
+            for table in (st.leases, st.pins):
+                for key in table.keys():
+                    assert st.index.is_complete(key), f"lease or pin on {key!r}, which is not COMPLETE"
+            for key in st.moving:
+                assert st.index.is_complete(key), f"move of {key!r}, which is not COMPLETE"
 
 
 def _validate_keys(keys: Sequence[str]) -> None:
     for key in keys:
         validate_key(key)
-
-

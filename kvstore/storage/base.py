@@ -17,6 +17,7 @@ class SegmentStorage(ABC):
     segment_id: str
     tier: Tier
     capacity: int
+    persistent: bool = False      # its bytes outlive the daemon (kept on clean shutdown)
 
     def view(self, offset: int, length: int) -> memoryview | None:
         """A writable view of [offset, offset+length) if the tier is memory backed, else None.

@@ -1,9 +1,12 @@
-"""`shm`: same-host transport over the DRAM segment files in /dev/shm.
+"""`shm`: same-host transport straight to the daemon's segment files.
 
-The client maps the daemon's segment file and copies with one memcpy; the daemon does nothing per
-request. Trust boundary: the daemon cannot check grants here, so any process of the daemon's user
-that can open the file (mode 0600) can touch the whole segment. The client still confines itself
-to granted ranges, and refuses a segment whose daemon process has died.
+DRAM segments are files in /dev/shm: the client maps them and copies with one memcpy. SSD
+segments are files on local disk: the client preads straight into its buffer (and pwrites). The
+daemon does nothing per request.
+
+Trust boundary: the daemon cannot check grants here, so any process of the daemon's user that can
+open the files (mode 0600) can touch whole segments. The client still confines itself to granted
+ranges, refuses expired write grants, and refuses a segment whose daemon process has died.
 
 Endpoint address: "<host_id>|<daemon pid>|<path>".
 """
@@ -14,15 +17,15 @@ import mmap
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
+from kvstore.config import DaemonConfig
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError
 from kvstore.hostid import host_id, pid_alive
 from kvstore.storage.base import SegmentStorage
-from kvstore.storage.dram import DramSegment
-from kvstore.config import DaemonConfig
 from kvstore.transport.base import GrantChecker, Transfer, Transport, TransportServer
-from kvstore.types import Endpoint, GrantMode, SegmentInfo
+from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier
 
 
 def _parse(address: str) -> tuple[str, int, str]:
@@ -30,11 +33,48 @@ def _parse(address: str) -> tuple[str, int, str]:
     return host, int(pid), path
 
 
+@dataclass
+class _Opened:
+    """A segment file as the client holds it: mapped (DRAM) or an open fd (SSD)."""
+
+    pid: int
+    fd: int = -1
+    mm: mmap.mmap | None = None
+    view: memoryview | None = None
+
+    def move(self, offset: int, buffer: memoryview, mode: GrantMode) -> None:
+        if self.view is not None:
+            remote = self.view[offset:offset + len(buffer)]
+            if mode is GrantMode.WRITE:
+                remote[:] = buffer
+            else:
+                buffer[:] = remote
+            return
+        done = 0
+        while done < len(buffer):
+            part = buffer[done:]
+            n = os.pwrite(self.fd, part, offset + done) if mode is GrantMode.WRITE \
+                else os.preadv(self.fd, [part], offset + done)
+            if n <= 0:
+                raise OSError(f"short {'write' if mode is GrantMode.WRITE else 'read'} at {offset + done}")
+            done += n
+
+    def close(self) -> None:
+        try:
+            if self.view is not None:
+                self.view.release()
+                self.mm.close()
+        except BufferError:
+            pass   # a caller still holds a slice; the mapping is freed with it
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
 class ShmTransport(Transport):
     name = "shm"
 
     def __init__(self) -> None:
-        self._maps: dict[str, tuple[mmap.mmap, memoryview, int]] = {}
+        self._open: dict[str, _Opened] = {}
         self._lock = threading.Lock()
 
     def can_reach(self, segment: SegmentInfo) -> bool:
@@ -44,33 +84,36 @@ class ShmTransport(Transport):
         host, pid, path = _parse(ep.address)
         return host == host_id() and pid_alive(pid) and os.path.exists(path)
 
-    def _segment_view(self, segment: SegmentInfo) -> memoryview:
+    def _opened(self, segment: SegmentInfo) -> _Opened:
         with self._lock:
-            entry = self._maps.get(segment.segment_id)
+            entry = self._open.get(segment.segment_id)
             if entry is None:
-                ep = segment.endpoint(self.name)
-                if ep is None:
-                    raise TransportError(f"segment {segment.segment_id} offers no shm endpoint")
-                _, pid, path = _parse(ep.address)
-                try:
-                    fd = os.open(path, os.O_RDWR)
-                    try:
-                        mm = mmap.mmap(fd, segment.capacity, mmap.MAP_SHARED)
-                    finally:
-                        os.close(fd)
-                except (OSError, ValueError) as exc:
-                    raise TransportError(f"cannot map segment {segment.segment_id} at {path}: {exc}; "
-                                         "its daemon may have stopped") from exc
-                entry = (mm, memoryview(mm), pid)
-                self._maps[segment.segment_id] = entry
-        _, view, pid = entry
-        if not pid_alive(pid):
+                entry = self._open[segment.segment_id] = self._open_file(segment)
+        if not pid_alive(entry.pid):
             self.forget(segment.segment_id)
-            raise TransportError(f"daemon (pid {pid}) of segment {segment.segment_id} is gone")
-        return view
+            raise TransportError(f"daemon (pid {entry.pid}) of segment {segment.segment_id} is gone")
+        return entry
+
+    def _open_file(self, segment: SegmentInfo) -> _Opened:
+        ep = segment.endpoint(self.name)
+        if ep is None:
+            raise TransportError(f"segment {segment.segment_id} offers no shm endpoint")
+        _, pid, path = _parse(ep.address)
+        try:
+            fd = os.open(path, os.O_RDWR)
+            if segment.tier is Tier.SSD:
+                return _Opened(pid, fd=fd)
+            try:
+                mm = mmap.mmap(fd, segment.capacity, mmap.MAP_SHARED)
+            finally:
+                os.close(fd)
+            return _Opened(pid, mm=mm, view=memoryview(mm))
+        except (OSError, ValueError) as exc:
+            raise TransportError(f"cannot open segment {segment.segment_id} at {path}: {exc}; "
+                                 "its daemon may have stopped") from exc
 
     def _move(self, segment: SegmentInfo, transfers: Sequence[Transfer], mode: GrantMode) -> None:
-        view = self._segment_view(segment)
+        opened = self._opened(segment)
         now_ms = int(time.time() * 1000)
         for t in transfers:
             g = t.grant
@@ -83,11 +126,10 @@ class ShmTransport(Transport):
             if len(t.buffer) != g.length or g.offset + g.length > segment.capacity:
                 raise InvalidArgument(f"buffer of {len(t.buffer)} bytes does not match grant "
                                       f"[{g.offset}, +{g.length}) in a {segment.capacity}-byte segment")
-            remote = view[g.offset:g.offset + g.length]
-            if mode is GrantMode.WRITE:
-                remote[:] = t.buffer
-            else:
-                t.buffer[:] = remote
+            try:
+                opened.move(g.offset, t.buffer, mode)
+            except OSError as exc:
+                raise TransportError(f"shm {mode.name.lower()} of segment {segment.segment_id} failed: {exc}") from exc
 
     def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> None:
         self._move(segment, transfers, GrantMode.WRITE)
@@ -97,22 +139,17 @@ class ShmTransport(Transport):
 
     def forget(self, segment_id: str) -> None:
         with self._lock:
-            entry = self._maps.pop(segment_id, None)
+            entry = self._open.pop(segment_id, None)
         if entry is not None:
-            mm, view, _ = entry
-            try:
-                view.release()
-                mm.close()
-            except BufferError:
-                pass   # a caller still holds a slice; the mapping is freed with it
+            entry.close()
 
     def close(self) -> None:
-        for segment_id in list(self._maps):
+        for segment_id in list(self._open):
             self.forget(segment_id)
 
 
 class ShmServer(TransportServer):
-    """Nothing to serve: advertising the segment file is the whole job."""
+    """Nothing to serve: advertising the segment files is the whole job."""
 
     name = "shm"
 
@@ -123,9 +160,10 @@ class ShmServer(TransportServer):
         pass
 
     def endpoint(self, segment: SegmentStorage) -> Endpoint | None:
-        if not isinstance(segment, DramSegment):
+        path = getattr(segment, "path", None)
+        if path is None or segment.tier not in (Tier.DRAM, Tier.SSD):
             return None
-        return Endpoint(self.name, f"{host_id()}|{os.getpid()}|{segment.path}")
+        return Endpoint(self.name, f"{host_id()}|{os.getpid()}|{path}")
 
     def stop(self) -> None:
         pass

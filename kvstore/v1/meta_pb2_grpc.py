@@ -84,6 +84,31 @@ class MetaServiceStub:
                 request_serializer=kvstore_dot_v1_dot_meta__pb2.RemoveRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_meta__pb2.RemoveResponse.FromString,
                 _registered_method=True)
+        self.Pin = channel.unary_unary(
+                '/kvstore.v1.MetaService/Pin',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.PinRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.PinResponse.FromString,
+                _registered_method=True)
+        self.Unpin = channel.unary_unary(
+                '/kvstore.v1.MetaService/Unpin',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.UnpinRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.UnpinResponse.FromString,
+                _registered_method=True)
+        self.ClaimMoves = channel.unary_unary(
+                '/kvstore.v1.MetaService/ClaimMoves',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.ClaimMovesRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.ClaimMovesResponse.FromString,
+                _registered_method=True)
+        self.CompleteMoves = channel.unary_unary(
+                '/kvstore.v1.MetaService/CompleteMoves',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.CompleteMovesRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.CompleteMovesResponse.FromString,
+                _registered_method=True)
+        self.AnnounceBlocks = channel.unary_unary(
+                '/kvstore.v1.MetaService/AnnounceBlocks',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.AnnounceBlocksRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.AnnounceBlocksResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/kvstore.v1.MetaService/Stats',
                 request_serializer=kvstore_dot_v1_dot_meta__pb2.StatsRequest.SerializeToString,
@@ -154,6 +179,36 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unpin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimMoves(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteMoves(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AnnounceBlocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -212,6 +267,31 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Remove,
                     request_deserializer=kvstore_dot_v1_dot_meta__pb2.RemoveRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_meta__pb2.RemoveResponse.SerializeToString,
+            ),
+            'Pin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pin,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.PinRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.PinResponse.SerializeToString,
+            ),
+            'Unpin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unpin,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.UnpinRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.UnpinResponse.SerializeToString,
+            ),
+            'ClaimMoves': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimMoves,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.ClaimMovesRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.ClaimMovesResponse.SerializeToString,
+            ),
+            'CompleteMoves': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteMoves,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.CompleteMovesRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.CompleteMovesResponse.SerializeToString,
+            ),
+            'AnnounceBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnnounceBlocks,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.AnnounceBlocksRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.AnnounceBlocksResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -489,6 +569,141 @@ class MetaService:
             '/kvstore.v1.MetaService/Remove',
             kvstore_dot_v1_dot_meta__pb2.RemoveRequest.SerializeToString,
             kvstore_dot_v1_dot_meta__pb2.RemoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/Pin',
+            kvstore_dot_v1_dot_meta__pb2.PinRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.PinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unpin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/Unpin',
+            kvstore_dot_v1_dot_meta__pb2.UnpinRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.UnpinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimMoves(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/ClaimMoves',
+            kvstore_dot_v1_dot_meta__pb2.ClaimMovesRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.ClaimMovesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteMoves(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/CompleteMoves',
+            kvstore_dot_v1_dot_meta__pb2.CompleteMovesRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.CompleteMovesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnnounceBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/AnnounceBlocks',
+            kvstore_dot_v1_dot_meta__pb2.AnnounceBlocksRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.AnnounceBlocksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,9 +26,10 @@ def ns() -> str:
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_round_trip_is_byte_identical(client, size):
+def test_round_trip_is_byte_identical(client, settle, size):
     key, data = f"{ns()}/rt", payload(size, size)
     assert client.put(key, data) is True
+    settle(client)
     assert client.get(key) == data
     out = np.zeros(size + 3, dtype=np.uint8)
     assert client.get_into(key, out) == size
@@ -43,11 +44,12 @@ def test_put_of_existing_key_keeps_first_value(client):
     assert client.get(key) == b"first"
 
 
-def test_batch_of_1000_small_blocks(client):
+def test_batch_of_1000_small_blocks(client, settle):
     prefix = ns()
     keys = [f"{prefix}/b{i}" for i in range(1000)]
     values = [payload(i, 1 + i % 300) for i in range(1000)]
     assert all(client.put_many(keys, values))
+    settle(client)
     assert client.match_prefix(keys) == 1000
     assert client.get_many(keys) == values
     bufs = [bytearray(400) for _ in keys]
@@ -85,12 +87,13 @@ def test_eight_concurrent_clients(shared_cluster, transport):
     assert not errors, errors
 
 
-def test_corrupted_replica_is_detected(client, shared_cluster):
+def test_corrupted_replica_is_detected(client, settle):
     from kvstore import wire
     from kvstore.v1 import meta_pb2 as pb
 
     key = f"{ns()}/corrupt"
     client.put(key, payload(1, 4096))
+    settle(client)
     resp = client._rpc("Get", pb.GetRequest(keys=[key]))
     grant = resp.results[0].replicas[0]
     seg = wire.segments_by_id(resp.segments)[grant.segment_id]

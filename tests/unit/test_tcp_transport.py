@@ -19,7 +19,7 @@ from kvstore.storage.dram import DramSegment
 from kvstore.transport import tcp
 from kvstore.transport.base import GrantChecker, Transfer
 from kvstore.transport.tcp import TcpServer, TcpTransport
-from kvstore.types import Grant, GrantMode, SegmentInfo, Tier
+from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier
 
 NOW_MS = 1_700_000_000_000
 LATER_MS = NOW_MS + 60_000
@@ -59,8 +59,8 @@ class Daemon:
         self.dram = DramSegment("seg-dram", CAPACITY, shm_dir)
         self.plain = BytesSegment("seg-plain", 1 << 20)
         segments = {s.segment_id: s for s in (self.dram, self.plain)}
-        self.server = TcpServer(GrantChecker(self.signer, segments.get, lambda: NOW_MS),
-                                DaemonConfig(host="127.0.0.1", tcp_port=0))
+        self.checker = GrantChecker(self.signer, segments.get, lambda: NOW_MS)
+        self.server = TcpServer(self.checker, DaemonConfig(host="127.0.0.1", tcp_port=0))
         self.server.start()
 
     def info(self, segment: SegmentStorage) -> SegmentInfo:
@@ -111,8 +111,7 @@ def raw_request(mode: GrantMode, grants: list[Grant], segment_id: str = "seg-dra
 
 
 def raw_connect(daemon: Daemon) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", daemon.server.port), timeout=10)
-    return sock
+    return socket.create_connection(("127.0.0.1", daemon.server.port), timeout=10)
 
 
 def read_reply(sock: socket.socket) -> tuple[int, str]:
@@ -155,9 +154,10 @@ def test_round_trip_is_byte_identical(daemon: Daemon, client: TcpTransport, size
     assert get(daemon, client, 12345, size) == data
 
 
-def test_batch_of_1000_small_blocks_reuses_one_connection(daemon: Daemon, client: TcpTransport) -> None:
-    blocks = [os.urandom(100 + i % 37) for i in range(1000)]
-    offsets = [i * 256 for i in range(1000)]
+@pytest.mark.parametrize("count", [1000, 3000])        # 3000: more buffers than one sendmsg takes
+def test_batch_of_small_blocks_uses_one_connection(daemon: Daemon, client: TcpTransport, count: int) -> None:
+    blocks = [os.urandom(100 + i % 37) for i in range(count)]
+    offsets = [i * 256 for i in range(count)]
     info = daemon.info(daemon.dram)
     client.write(info, [Transfer(daemon.grant(o, len(b), GrantMode.WRITE), memoryview(b))
                         for o, b in zip(offsets, blocks)], deadline())
@@ -187,7 +187,7 @@ def test_eight_threads_share_one_transport(daemon: Daemon, client: TcpTransport)
                 offset = n * (2 << 20) + i * 50_000
                 put(daemon, client, offset, data)
                 assert get(daemon, client, offset, len(data)) == data
-        except BaseException as exc:     # noqa: BLE001 - re-raised in the main thread
+        except BaseException as exc:     # reported by the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
@@ -223,24 +223,22 @@ def test_reads_into_typed_buffers(daemon: Daemon, client: TcpTransport) -> None:
 @pytest.mark.parametrize("bad", ["forged", "expired", "out_of_range", "unknown_segment"])
 def test_bad_grants_are_refused(daemon: Daemon, client: TcpTransport, seeded: bytes,
                                 mode: GrantMode, bad: str) -> None:
-    good = daemon.grant(0, 4096, mode)
-    grant = {
-        "forged": Grant(good.segment_id, good.offset, good.length, mode, good.expires_ms, bytes(16)),
-        "expired": daemon.grant(0, 4096, mode, expires_ms=NOW_MS - 1),
-        "out_of_range": daemon.grant(CAPACITY - 100, 4096, mode),
-        "unknown_segment": daemon.signer.sign("seg-dram", 0, 4096, mode, LATER_MS),
-    }[bad]
-    info = daemon.info(daemon.dram)
-    if bad == "unknown_segment":
-        grant = daemon.signer.sign("nope", 0, 4096, mode, LATER_MS)
+    info, good = daemon.info(daemon.dram), daemon.grant(0, 4096, mode)
+    if bad == "forged":
+        grant = Grant(good.segment_id, good.offset, good.length, mode, good.expires_ms, bytes(16))
+    elif bad == "expired":
+        grant = daemon.grant(0, 4096, mode, expires_ms=NOW_MS - 1)
+    elif bad == "out_of_range":
+        grant = daemon.grant(CAPACITY - 100, 4096, mode)
+    else:
+        grant = daemon.grant(0, 4096, mode, segment="nope")
         info = SegmentInfo("nope", "d1", Tier.DRAM, CAPACITY, info.endpoints)
-    # a valid item first: nothing moves unless every grant of the request checks
-    transfers = [Transfer(good, memoryview(bytearray(4096))), Transfer(grant, memoryview(bytearray(4096)))]
-    if bad == "unknown_segment":
-        transfers = transfers[1:]
-    call = client.write if mode is GrantMode.WRITE else client.read
+    # A valid item first: nothing moves unless every grant of the request checks.
+    transfers = [Transfer(grant, memoryview(bytearray(4096)))]
+    if bad != "unknown_segment":
+        transfers.insert(0, Transfer(good, memoryview(bytearray(4096))))
     with pytest.raises(PermissionDenied):
-        call(info, transfers, deadline())
+        (client.write if mode is GrantMode.WRITE else client.read)(info, transfers, deadline())
     assert_still_serving(daemon, seeded)
     assert get(daemon, client, 0, 100) == seeded[:100]      # the pooled client recovers too
 
@@ -253,13 +251,13 @@ def test_refused_large_write_reports_the_refusal(daemon: Daemon, client: TcpTran
 
 
 def test_client_checks_buffers_against_grants(daemon: Daemon, client: TcpTransport) -> None:
-    info = daemon.info(daemon.dram)
-    with pytest.raises(InvalidArgument):
-        client.read(info, [Transfer(daemon.grant(0, 10, GrantMode.READ), memoryview(bytearray(9)))], deadline())
-    with pytest.raises(InvalidArgument):
-        client.read(info, [Transfer(daemon.grant(0, 10, GrantMode.WRITE), memoryview(bytearray(10)))], deadline())
-    with pytest.raises(InvalidArgument):
-        client.read(info, [Transfer(daemon.grant(0, 10, GrantMode.READ), memoryview(bytes(10)))], deadline())
+    info, read_grant = daemon.info(daemon.dram), daemon.grant(0, 10, GrantMode.READ)
+    for transfer in (Transfer(read_grant, memoryview(bytearray(9))),                    # wrong size
+                     Transfer(daemon.grant(0, 10, GrantMode.WRITE), memoryview(bytearray(10))),
+                     Transfer(read_grant, memoryview(bytes(10))),                       # read-only
+                     Transfer(read_grant, memoryview(bytearray(20))[::2])):             # strided
+        with pytest.raises(InvalidArgument):
+            client.read(info, [transfer], deadline())
 
 
 # --- hostile input on raw sockets -----------------------------------------------------------
@@ -271,6 +269,14 @@ def test_wrong_mode_read_is_refused_and_connection_stays_usable(daemon: Daemon, 
         sock.sendall(raw_request(GrantMode.READ, [daemon.grant(0, 10, GrantMode.READ)]))
         assert read_reply(sock)[0] == ErrorCode.OK
         assert tcp._recv_exact(sock, 10, deadline()) == seeded[:10]
+    assert_still_serving(daemon, seeded)
+
+
+def test_absurd_lengths_are_refused(daemon: Daemon, seeded: bytes) -> None:
+    with raw_connect(daemon) as sock:
+        for offset, length in ((0, 2**64 - 1), (2**64 - 1, 1), (CAPACITY, 1)):
+            sock.sendall(raw_request(GrantMode.READ, [daemon.grant(offset, length, GrantMode.READ)]))
+            assert read_reply(sock)[0] == ErrorCode.PERMISSION_DENIED
     assert_still_serving(daemon, seeded)
 
 
@@ -305,12 +311,14 @@ def test_undecodable_items_are_refused(daemon: Daemon, seeded: bytes) -> None:
     bad_mode = tcp.ITEM.pack(0, 10, 7, LATER_MS, bytes(16))
     for segment_id, item in ((b"\xff\xfe", good), (b"seg-dram", bad_mode)):
         with raw_connect(daemon) as sock:
-            sock.sendall(tcp.REQUEST_HEADER.pack(tcp.MAGIC, tcp.VERSION, 1, len(segment_id), 1) + segment_id + item)
+            head = tcp.REQUEST_HEADER.pack(tcp.MAGIC, tcp.VERSION, 1, len(segment_id), 1)
+            padding = bytes(tcp._table_bytes(len(segment_id), 1) - len(segment_id) - len(item))
+            sock.sendall(head + segment_id + item + padding)
             assert read_reply(sock)[0] == ErrorCode.INVALID_ARGUMENT
     assert_still_serving(daemon, seeded)
 
 
-@pytest.mark.parametrize("cut", [3, tcp.REQUEST_HEADER.size + 4, tcp.REQUEST_HEADER.size + 8 + 20])
+@pytest.mark.parametrize("cut", [3, tcp.REQUEST_HEADER.size + 4, tcp.REQUEST_HEADER.size + 8 + 20, -1])
 def test_truncated_requests_close_the_connection(daemon: Daemon, seeded: bytes, cut: int) -> None:
     request = raw_request(GrantMode.READ, [daemon.grant(0, 10, GrantMode.READ)])
     with raw_connect(daemon) as sock:
@@ -342,7 +350,7 @@ def test_stopping_the_server_fails_a_pending_call_promptly(daemon: Daemon, clien
         try:
             client.read(daemon.info(daemon.plain),
                         [Transfer(daemon.grant(0, 10, GrantMode.READ, "seg-plain"), out)], deadline(30))
-        except BaseException as exc:     # noqa: BLE001 - checked below
+        except BaseException as exc:     # checked by the main thread
             failures.append(exc)
 
     pending = threading.Thread(target=reader)
@@ -369,18 +377,28 @@ def test_connection_refused_is_a_transport_error(daemon: Daemon, client: TcpTran
 def test_silent_daemon_fails_at_the_deadline(daemon: Daemon, client: TcpTransport) -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:      # accepts (backlog), never answers
         address = f"127.0.0.1:{silent.getsockname()[1]}"
-        info = SegmentInfo("seg-dram", "d1", Tier.DRAM, CAPACITY, (tcp.Endpoint("tcp", address),))
+        info = SegmentInfo("seg-dram", "d1", Tier.DRAM, CAPACITY, (Endpoint("tcp", address),))
         out = memoryview(bytearray(10))
         with pytest.raises(TransportError, match="deadline"):
             client.read(info, [Transfer(daemon.grant(0, 10, GrantMode.READ), out)], time.monotonic() + 0.2)
 
 
-def test_stop_is_prompt_with_idle_connections_open(daemon: Daemon, client: TcpTransport) -> None:
+def test_stop_closes_idle_connections_and_ends_their_threads(daemon: Daemon, client: TcpTransport) -> None:
     put(daemon, client, 0, b"abc")
     idle = [raw_connect(daemon) for _ in range(5)]
-    started = time.monotonic()
+    for sock in idle:                               # served once, so each has its own thread
+        sock.sendall(raw_request(GrantMode.READ, [daemon.grant(0, 3, GrantMode.READ)]))
+        assert read_reply(sock)[0] == ErrorCode.OK and tcp._recv_exact(sock, 3, deadline()) == b"abc"
     daemon.server.stop()
-    assert time.monotonic() - started < 2.0
+    assert not daemon.server._conns
     for sock in idle:
         assert_closed(sock)
         sock.close()
+
+
+def test_pooled_connections_survive_a_daemon_restart(daemon: Daemon, client: TcpTransport) -> None:
+    put(daemon, client, 0, b"before")
+    daemon.server.stop()
+    daemon.server = TcpServer(daemon.checker, DaemonConfig(tcp_port=daemon.server.port))
+    daemon.server.start()
+    assert get(daemon, client, 0, 6) == b"before"

@@ -1,0 +1,95 @@
+"""The metadata service's tables and the mechanism that keeps them consistent.
+
+MetaState owns the index, the segment table, leases and pins, and the counters; its methods free
+space, drop objects and replicas, and never decide anything. The store (API) and the tiering
+logic (moves between tiers) both act through it, under the store's one lock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+from kvstore.meta.index import ObjectIndex
+from kvstore.meta.lease import LeaseTable
+from kvstore.meta.segments import Segment, SegmentTable, unpack_location
+from kvstore.types import Tier
+
+
+class MetaState:
+    def __init__(self) -> None:
+        self.index = ObjectIndex()
+        self.segments = SegmentTable()
+        self.leases = LeaseTable()       # read leases
+        self.pins = LeaseTable()         # client pins
+        self.moving: dict[str, int] = {}  # key -> id of its tier move in flight
+        self.counters: Counter[str] = Counter()
+        self.tier_counters: Counter[tuple[Tier, str]] = Counter()
+
+    def segment_of(self, location: int) -> Segment:
+        return self.segments.by_number(unpack_location(location)[0])
+
+    def tier_of(self, location: int) -> Tier:
+        return self.segment_of(location).info.tier
+
+    def usage(self, tier: Tier, daemon_id: str | None = None) -> tuple[int, int]:
+        """(used, capacity) bytes of a tier, optionally on one daemon only."""
+        segs = [s for s in self.segments.segments(tier) if daemon_id is None or s.daemon_id == daemon_id]
+        return sum(s.allocator.used for s in segs), sum(s.allocator.capacity for s in segs)
+
+    def protected(self, now: float) -> Callable[[str], bool]:
+        """Keys that must not be evicted or moved now: read-leased, pinned, or moving."""
+        held, pinned, moving = self.leases.held, self.pins.held, self.moving
+        return lambda key: held(key, now) or pinned(key, now) or key in moving
+
+    def count_blocks(self, locations: tuple[int, ...], delta: int) -> None:
+        for loc in locations:
+            self.tier_counters[self.tier_of(loc), "blocks"] += delta
+
+    def free(self, locations: tuple[int, ...], size: int) -> None:
+        for loc in locations:
+            number, offset = unpack_location(loc)
+            self.segments.by_number(number).allocator.free(offset, size)
+
+    def drop(self, key: str) -> tuple[int, ...]:
+        """COMPLETE -> ABSENT, freeing its space; returns the locations it had."""
+        entry = self.index.remove(key)
+        self.leases.release(key)
+        self.pins.release(key)
+        self.moving.pop(key, None)       # a move in flight for it is now void
+        locations = entry.replicas()
+        self.count_blocks(locations, -1)
+        self.free(locations, entry.size)
+        return locations
+
+    def evict(self, keys: list[str]) -> None:
+        for key in keys:
+            for loc in self.drop(key):
+                self.tier_counters[self.tier_of(loc), "evictions"] += 1
+        self.counters["evictions"] += len(keys)
+
+    def revoke(self, key: str) -> None:
+        put = self.index.abandon(key)
+        self.free(put.locations, put.size)
+        self.counters["revoked_puts"] += 1
+
+    def drop_segment_replicas(self, seg: Segment) -> int:
+        """Forget every replica in `seg` (its space goes with the segment); objects left with no
+        replica are gone. Returns how many objects lost a replica."""
+        affected = [(k, locs) for k, locs, _ in self.index.all_locations()
+                    if any(unpack_location(loc)[0] == seg.number for loc in locs)]
+        for key, locs in affected:
+            keep = tuple(loc for loc in locs if unpack_location(loc)[0] != seg.number)
+            complete = self.index.is_complete(key)
+            if complete:
+                self.tier_counters[seg.info.tier, "blocks"] -= len(locs) - len(keep)
+            if keep:
+                self.index.set_replicas(key, keep)
+            elif complete:
+                self.index.remove(key)
+                self.leases.release(key)
+                self.pins.release(key)
+                self.moving.pop(key, None)
+            else:
+                self.index.abandon(key)
+        return len(affected)
