@@ -56,7 +56,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     meta = _start_meta(meta_cfg)
     daemon_cfg = load_config(DaemonConfig, args.config, meta_address=meta.address, host=args.host,
                              secret=secret, dram_size=args.dram, segment_size=args.segment_size,
-                             transports=args.transports, ssd_dir=args.ssd_dir, ssd_size=args.ssd)
+                             transports=args.transports, ssd_dir=args.ssd_dir, ssd_size=args.ssd,
+                             gpu_size=args.gpu)
     try:
         daemon = _start_daemon(daemon_cfg)
     except BaseException:
@@ -87,7 +88,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     cfg = load_config(DaemonConfig, args.config, meta_address=args.meta, host=args.host,
                       tcp_port=args.tcp_port, secret=args.secret, dram_size=args.dram,
                       segment_size=args.segment_size, transports=args.transports, daemon_id=args.daemon_id,
-                      ssd_dir=args.ssd_dir, ssd_size=args.ssd)
+                      ssd_dir=args.ssd_dir, ssd_size=args.ssd, gpu_size=args.gpu)
     daemon = _start_daemon(cfg)
     print(f"kvstore ready: daemon={daemon.daemon_id} {_daemon_summary(daemon)}", flush=True)
     _wait_for_signal()
@@ -183,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--ssd-dir", default=ssd_dir, help="directory for the SSD tier ('' = none)"
                         + (f"; default {ssd_dir}" if ssd_dir else ""))
         sp.add_argument("--ssd", type=_size, default=None, help="disk to offer in --ssd-dir, e.g. 16GiB")
+        sp.add_argument("--gpu", type=_size, default=None, help="GPU memory to offer (needs CUDA), e.g. 8GiB")
 
     sp = sub.add_parser("serve", help="metadata service + one storage daemon on this machine")
     server_opts(sp)

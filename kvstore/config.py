@@ -95,6 +95,8 @@ class DaemonConfig:
     ssd_dir: str = ""                   # empty: no SSD tier
     ssd_size: int = 4 << 30             # bytes of disk offered in ssd_dir
     ssd_segment_size: int = 1 << 30
+    gpu_size: int = 0                   # bytes of GPU memory to offer (0: no GPU tier)
+    gpu_device: int = 0
     move_poll_s: float = 0.05           # how often an idle daemon asks for tier moves
     move_batch_bytes: int = 64 << 20    # bytes of tier moves claimed at once
 

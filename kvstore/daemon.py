@@ -79,6 +79,11 @@ class StorageDaemon:
                 seg = DramSegment(f"{self.daemon_id}-dram{i}", size, self.config.shm_dir)
                 self._segments[seg.segment_id] = seg
             self._open_ssd()
+            if self.config.gpu_size:
+                from kvstore.storage.gpu import GpuSegment
+
+                seg = GpuSegment(f"{self.daemon_id}-gpu0", self.config.gpu_size, self.config.gpu_device)
+                self._segments[seg.segment_id] = seg
             for name in self.config.transports:
                 server = registry.server_class(name)(self._checker, self.config)
                 server.start()

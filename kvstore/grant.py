@@ -22,11 +22,13 @@ class GrantSigner:
     def __init__(self, secret: bytes) -> None:
         if len(secret) < 16:
             raise ValueError("grant secret must be at least 16 bytes")
-        self._secret = secret
+        # Keyed BLAKE2s is a MAC by design (no HMAC wrapper needed) and ~4x cheaper per grant,
+        # which matters at thousands of grants per batch. Its key is at most 32 bytes.
+        self._key = hashlib.blake2s(secret).digest()
 
     def _mac(self, segment_id: str, offset: int, length: int, mode: int, expires_ms: int) -> bytes:
         msg = segment_id.encode() + b"\0" + _FIELDS.pack(offset, length, mode, expires_ms)
-        return hmac.new(self._secret, msg, hashlib.blake2s).digest()[:MAC_BYTES]
+        return hashlib.blake2s(msg, key=self._key, digest_size=MAC_BYTES).digest()
 
     def sign(self, segment_id: str, offset: int, length: int, mode: GrantMode, expires_ms: int) -> Grant:
         mac = self._mac(segment_id, offset, length, int(mode), expires_ms)

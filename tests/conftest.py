@@ -13,3 +13,20 @@ def cluster():
     c = Cluster()
     yield c
     c.close()
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (GPU tier); none on this host")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

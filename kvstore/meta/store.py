@@ -127,7 +127,7 @@ class MetaStore:
                 return PutStartResult(ErrorCode.KEY_BUSY, f"another put of {key!r} is in progress; "
                                       "read it once that put ends, or retry the put later")
             self._st.revoke(key)   # a stale put (its writer vanished) must not block the key forever
-        largest = self._st.segments.largest_capacity(Tier.DRAM)
+        largest = max(self._st.segments.largest_capacity(Tier.DRAM), self._st.segments.largest_capacity(Tier.GPU))
         if size > largest:
             return PutStartResult(ErrorCode.INVALID_ARGUMENT,
                                   f"value of {size} bytes is larger than any segment ({largest} bytes); "
@@ -324,6 +324,11 @@ class MetaStore:
             self._evict_to_watermark(now)
 
     def _place(self, size: int, replica_num: int, now: float) -> list[tuple[Segment, int]]:
+        gpu_used, gpu_capacity = self._st.usage(Tier.GPU)
+        if gpu_capacity and gpu_used + size <= gpu_capacity * self.config.high_watermark:
+            placed = self._st.segments.place(size, replica_num, Tier.GPU)   # hottest tier first
+            if placed:
+                return placed
         placed = self._st.segments.place(size, replica_num)
         if placed or self._tiering.enabled():
             return placed          # with an SSD tier, room is made by demotion, not by dropping
@@ -338,8 +343,10 @@ class MetaStore:
         return placed
 
     def _evict_to_watermark(self, now: float) -> None:
+        cfg = self.config
+        self._tiering.enforce_watermark(Tier.GPU, cfg.high_watermark, cfg.low_watermark, now)
         if self._tiering.enabled():
-            self._tiering.enforce_ssd_watermark(now)
+            self._tiering.enforce_watermark(Tier.SSD, cfg.ssd_high_watermark, cfg.ssd_low_watermark, now)
             return                 # DRAM above its watermark is demoted by the daemons' claims
         used, capacity = self._st.usage(Tier.DRAM)
         if capacity and used > capacity * self.config.high_watermark:

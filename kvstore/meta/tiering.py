@@ -208,15 +208,16 @@ class Tiering:
         for move_id in [i for i, m in self._moves.items() if m.deadline < now]:
             self._abandon(self._moves.pop(move_id), "not reported within move_timeout_s")
 
-    def enforce_ssd_watermark(self, now: float) -> None:
-        used, capacity = self._st.usage(Tier.SSD)
-        if not capacity or used <= capacity * self.config.ssd_high_watermark:
+    def enforce_watermark(self, tier: Tier, high: float, low: float, now: float) -> None:
+        """Delete least recently used blocks held only in `tier` while it is above `high`. Used for
+        the bottom tier (SSD) and for GPU, whose blocks are not demoted."""
+        used, capacity = self._st.usage(tier)
+        if not capacity or used <= capacity * high:
             return
-        ssd = {s.number for s in self._st.segments.segments(Tier.SSD)}
+        numbers = {s.number for s in self._st.segments.segments(tier)}
         protected = self._st.protected(now)
-        skip = lambda key: protected(key) or not self._only_on(key, ssd)  # noqa: E731
-        self._st.evict(self._policy.victims(self._st.index, skip,
-                                            used - int(capacity * self.config.ssd_low_watermark)))
+        skip = lambda key: protected(key) or not self._only_on(key, numbers)  # noqa: E731
+        self._st.evict(self._policy.victims(self._st.index, skip, used - int(capacity * low)))
 
     # -- helpers -----------------------------------------------------------------------------------
 
