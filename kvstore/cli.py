@@ -156,6 +156,12 @@ def cmd_stat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from kvstore.bench import runner
+
+    return runner.main(args)
+
+
 def _size(text: str) -> int:
     from kvstore.config import parse_size
 
@@ -227,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("key", nargs="*", help="also say whether these keys are stored")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_stat)
+
+    from kvstore.bench import add_arguments as bench_arguments   # flags only; the bench itself loads lazily
+
+    sp = sub.add_parser("bench", help="measure throughput, latency and metadata cost against this host's ceilings")
+    bench_arguments(sp)
+    sp.set_defaults(fn=cmd_bench)
 
     return p
 

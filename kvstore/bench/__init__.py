@@ -1,0 +1,29 @@
+"""`kvstore bench`: the store's throughput, latency and metadata cost against ceilings measured in
+the same run, judged against the issue targets.
+
+This module only declares the command's flags (it imports nothing heavy, so the CLI can build its
+parser cheaply); the measuring lives in kvstore.bench.runner and is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+SECTION_NAMES = "ceilings,throughput,latency,prefix,metamem"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--meta", default=None,
+                        help="benchmark the store at this metadata address instead of starting one")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer iterations and sizes (4KiB,1MiB), 100k metadata blocks: under a minute")
+    parser.add_argument("--transports", default="shm,tcp", help="transports to measure (default shm,tcp)")
+    parser.add_argument("--sizes", default=None,
+                        help="block sizes (default 4KiB,64KiB,1MiB,16MiB; with --quick 4KiB,1MiB)")
+    parser.add_argument("--meta-blocks", type=int, default=None,
+                        help="blocks for the metadata memory measurement (default 1000000; --quick 100000)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON here")
+    parser.add_argument("--dram", default="1GiB", help="DRAM of the daemon the bench starts (default 1GiB)")
+    parser.add_argument("--segment-size", default="256MiB", help="segment size of that daemon (default 256MiB)")
+    parser.add_argument("--sections", default=None,
+                        help=f"comma-separated subset to run, in fixed order (default all: {SECTION_NAMES})")
