@@ -107,7 +107,6 @@ class KVClient:
         views = [byte_view(v, writable=False) for v in values]
         if any(len(v) == 0 for v in views):
             raise InvalidArgument("empty values are not stored")
-        sums = [checksum(v) for v in views]
         deadline = time.monotonic() + self.config.timeout_s
         results, segments = self._put_start(keys, [len(v) for v in views],
                                             replica_num or self.config.replica_num, deadline)
@@ -123,14 +122,21 @@ class KVClient:
         for i, grants in pending.items():
             for g in grants:
                 by_segment[g.segment_id].append((i, Transfer(g, views[i])))
+        sums: dict[int, int] = {}
         for segment_id, items in by_segment.items():
             try:
-                self._transport_for(segments[segment_id]).write(
+                digests = self._transport_for(segments[segment_id]).write(
                     segments[segment_id], [t for _, t in items], deadline)
             except KVStoreError as exc:
                 for i, _ in items:
                     errors.setdefault(i, exc)
+                continue
+            if digests is not None:                  # computed while copying: no second pass
+                sums.update((i, d) for (i, _), d in zip(items, digests))
         good = [i for i in pending if i not in errors]
+        for i in good:
+            if i not in sums:
+                sums[i] = checksum(views[i])
         failed = [i for i in pending if i in errors]
         if failed:
             self._rpc("PutRevoke", pb.PutRevokeRequest(keys=[keys[i] for i in failed]))
@@ -223,6 +229,7 @@ class KVClient:
         out: list[Any] = [None] * len(keys)
         # Each key tries its replicas in preference order until one read succeeds.
         todo: dict[int, list[tuple[SegmentInfo, Grant]]] = {}
+        reach: dict[str, int | None] = {}            # transport preference per segment, this call
         for i, (result, segments) in enumerate(metas):
             if result.status.code != ErrorCode.OK:
                 out[i] = error_for(result.status.code, result.status.message)
@@ -230,7 +237,7 @@ class KVClient:
                 out[i] = InvalidArgument(f"buffer for {keys[i]!r} holds {len(views[i])} bytes; "
                                          f"the value is {result.size}")
             else:
-                todo[i] = self._rank_replicas([wire.grant_from_pb(g) for g in result.replicas], segments)
+                todo[i] = self._rank_replicas([wire.grant_from_pb(g) for g in result.replicas], segments, reach)
                 if not todo[i]:
                     out[i] = TransportError(f"no replica of {keys[i]!r} is reachable over "
                                             f"{', '.join(self.config.transports)}")
@@ -243,14 +250,16 @@ class KVClient:
             for segment_id, idxs in groups.items():
                 segment = todo[idxs[0]][0][0]
                 transfers = [Transfer(todo[i][0][1], views[i][:todo[i][0][1].length]) for i in idxs]
+                digests: list[int] | None = None
                 try:
-                    self._transport_for(segment).read(segment, transfers, deadline)
+                    digests = self._transport_for(segment).read(segment, transfers, deadline)
                     failure = None
                 except KVStoreError as exc:
                     failure = exc
-                for i in idxs:
+                for n, i in enumerate(idxs):
                     grant = todo[i].pop(0)[1]
-                    err = failure or self._verify(keys[i], views[i][:grant.length], metas[i][0].checksum)
+                    err = failure or self._verify(keys[i], views[i][:grant.length], metas[i][0].checksum,
+                                                  None if digests is None else digests[n])
                     if err is None:
                         out[i] = grant.length
                     elif not todo[i]:
@@ -264,19 +273,26 @@ class KVClient:
                     raise r
         return out
 
-    def _verify(self, key: str, data: memoryview, expected: int) -> KVStoreError | None:
-        if self.config.verify_checksums and checksum(data) != expected:
+    def _verify(self, key: str, data: memoryview, expected: int, digest: int | None) -> KVStoreError | None:
+        if not self.config.verify_checksums:
+            return None
+        if (digest if digest is not None else checksum(data)) != expected:
             return ChecksumMismatch(f"{key!r}: bytes read do not match the checksum stored at put; "
                                     "the replica is corrupt; remove the key and put it again")
         return None
 
     # -- transports ------------------------------------------------------------------------------
 
-    def _rank_replicas(self, grants: list[Grant], segments: dict[str, SegmentInfo]) -> list[tuple[SegmentInfo, Grant]]:
+    def _rank_replicas(self, grants: list[Grant], segments: dict[str, SegmentInfo],
+                       reach: dict[str, int | None]) -> list[tuple[SegmentInfo, Grant]]:
         ranked = []
         for g in grants:
             seg = segments.get(g.segment_id)
-            if seg is not None and (rank := self._preference(seg)) is not None:
+            if seg is None:
+                continue
+            if g.segment_id not in reach:
+                reach[g.segment_id] = self._preference(seg)
+            if (rank := reach[g.segment_id]) is not None:
                 ranked.append((rank, seg, g))
         ranked.sort(key=lambda r: r[0])
         return [(seg, g) for _, seg, g in ranked]

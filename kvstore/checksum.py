@@ -10,3 +10,17 @@ ALGORITHM = "xxh3_64"
 
 def checksum(data: bytes | bytearray | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
+
+
+# Copy and hash in pieces small enough to stay in cache, so verifying costs little beyond the copy.
+_PIECE = 1 << 20
+
+
+def copy_with_checksum(dst: memoryview, src: memoryview) -> int:
+    """dst[:] = src, returning checksum(src) computed while the bytes are still in cache."""
+    h = xxhash.xxh3_64()
+    for start in range(0, len(src), _PIECE):
+        piece = src[start:start + _PIECE]
+        dst[start:start + len(piece)] = piece
+        h.update(dst[start:start + len(piece)])
+    return h.intdigest()

@@ -20,6 +20,9 @@ from typing import Iterator
 from kvstore.errors import AlreadyExists, KeyBusy, KeyNotFound
 
 
+_MAX_SHARED_SIZES = 4096
+
+
 class ObjectState(Enum):
     ABSENT = "absent"
     PENDING = "pending"
@@ -56,6 +59,7 @@ class ObjectIndex:
     def __init__(self) -> None:
         self._complete: dict[str, Entry] = {}
         self._pending: dict[str, PendingPut] = {}
+        self._sizes: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._complete)
@@ -86,6 +90,8 @@ class ObjectIndex:
             raise AlreadyExists(key)
         if key in self._pending:
             raise KeyBusy(key)
+        if len(self._sizes) < _MAX_SHARED_SIZES:
+            size = self._sizes.setdefault(size, size)   # KV blocks share a few sizes: one int each
         self._pending[key] = PendingPut(locations, size, deadline)
 
     def commit(self, key: str, checksum: int) -> Entry:

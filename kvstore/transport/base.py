@@ -38,14 +38,16 @@ class Transport(ABC):
         return segment.endpoint(self.name) is not None
 
     @abstractmethod
-    def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> None:
+    def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int] | None:
         """Write every transfer's buffer into its granted range; raise TransportError,
         PermissionDenied or InvalidArgument on failure (then any subset may have been written).
-        `deadline` is a time.monotonic() value."""
+        `deadline` is a time.monotonic() value. May return the checksum of each buffer, computed
+        while copying (cheaper than a second pass); None leaves that to the caller."""
 
     @abstractmethod
-    def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> None:
-        """Fill every transfer's buffer from its granted range; errors as for write."""
+    def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int] | None:
+        """Fill every transfer's buffer from its granted range; errors and the returned
+        checksums (of the bytes read) as for write."""
 
     def forget(self, segment_id: str) -> None:
         """Drop cached state (connections, mappings) for a segment that went away."""

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from kvstore.checksum import checksum, copy_with_checksum
 from kvstore.config import DaemonConfig
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError
 from kvstore.hostid import host_id, pid_alive
@@ -42,14 +43,15 @@ class _Opened:
     mm: mmap.mmap | None = None
     view: memoryview | None = None
 
-    def move(self, offset: int, buffer: memoryview, mode: GrantMode) -> None:
+    def move(self, offset: int, buffer: memoryview, mode: GrantMode) -> int:
+        """Copy between the segment and `buffer`; returns the checksum of the bytes moved."""
         if self.view is not None:
             remote = self.view[offset:offset + len(buffer)]
             if mode is GrantMode.WRITE:
-                remote[:] = buffer
-            else:
-                buffer[:] = remote
-            return
+                return copy_with_checksum(remote, buffer)
+            return copy_with_checksum(buffer, remote)
+        if mode is GrantMode.WRITE:
+            digest = checksum(buffer)
         done = 0
         while done < len(buffer):
             part = buffer[done:]
@@ -58,6 +60,7 @@ class _Opened:
             if n <= 0:
                 raise OSError(f"short {'write' if mode is GrantMode.WRITE else 'read'} at {offset + done}")
             done += n
+        return digest if mode is GrantMode.WRITE else checksum(buffer)
 
     def close(self) -> None:
         try:
@@ -112,9 +115,10 @@ class ShmTransport(Transport):
             raise TransportError(f"cannot open segment {segment.segment_id} at {path}: {exc}; "
                                  "its daemon may have stopped") from exc
 
-    def _move(self, segment: SegmentInfo, transfers: Sequence[Transfer], mode: GrantMode) -> None:
+    def _move(self, segment: SegmentInfo, transfers: Sequence[Transfer], mode: GrantMode) -> list[int]:
         opened = self._opened(segment)
         now_ms = int(time.time() * 1000)
+        digests = []
         for t in transfers:
             g = t.grant
             if g.segment_id != segment.segment_id or g.mode != mode:
@@ -127,15 +131,16 @@ class ShmTransport(Transport):
                 raise InvalidArgument(f"buffer of {len(t.buffer)} bytes does not match grant "
                                       f"[{g.offset}, +{g.length}) in a {segment.capacity}-byte segment")
             try:
-                opened.move(g.offset, t.buffer, mode)
+                digests.append(opened.move(g.offset, t.buffer, mode))
             except OSError as exc:
                 raise TransportError(f"shm {mode.name.lower()} of segment {segment.segment_id} failed: {exc}") from exc
+        return digests
 
-    def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> None:
-        self._move(segment, transfers, GrantMode.WRITE)
+    def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int]:
+        return self._move(segment, transfers, GrantMode.WRITE)
 
-    def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> None:
-        self._move(segment, transfers, GrantMode.READ)
+    def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int]:
+        return self._move(segment, transfers, GrantMode.READ)
 
     def forget(self, segment_id: str) -> None:
         with self._lock:
