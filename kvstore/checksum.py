@@ -12,13 +12,18 @@ def checksum(data: bytes | bytearray | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def hasher() -> "xxhash.xxh3_64":
+    """An incremental checksum: update() with consecutive pieces, then intdigest() == checksum()."""
+    return xxhash.xxh3_64()
+
+
 # Copy and hash in pieces small enough to stay in cache, so verifying costs little beyond the copy.
 _PIECE = 1 << 20
 
 
 def copy_with_checksum(dst: memoryview, src: memoryview) -> int:
     """dst[:] = src, returning checksum(src) computed while the bytes are still in cache."""
-    h = xxhash.xxh3_64()
+    h = hasher()
     for start in range(0, len(src), _PIECE):
         piece = src[start:start + _PIECE]
         dst[start:start + len(piece)] = piece

@@ -107,7 +107,9 @@ class ShmTransport(Transport):
             if segment.tier is Tier.SSD:
                 return _Opened(pid, fd=fd)
             try:
-                mm = mmap.mmap(fd, segment.capacity, mmap.MAP_SHARED)
+                # Populate the page tables once now, not with a fault per page on every first touch.
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                mm = mmap.mmap(fd, segment.capacity, flags)
             finally:
                 os.close(fd)
             return _Opened(pid, mm=mm, view=memoryview(mm))

@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Sequence
 
+from kvstore.checksum import hasher
 from kvstore.config import DaemonConfig
 from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, TransportError, error_for
 from kvstore.grant import MAC_BYTES
@@ -53,6 +54,7 @@ MAX_ITEMS = 65536
 MAX_SEGMENT_ID_BYTES = 1024
 MAX_MESSAGE_BYTES = 64 << 10
 
+_HASH_PIECE = 1 << 20         # reads of blocks this large are hashed piece by piece as they land
 _IOV_MAX = 1024                 # buffers per sendmsg / recvmsg_into call (Linux IOV_MAX)
 _SOCKET_BUFFER = 4 << 20
 _MAX_IDLE_PER_ADDRESS = 16
@@ -112,6 +114,20 @@ def _recv_buffers(sock: socket.socket, buffers: Sequence[memoryview], deadline: 
         if got == 0:
             raise ConnectionError("connection closed by the peer mid-frame")
         i = _advance(pending, i, got)
+
+
+def _recv_hashed(sock: socket.socket, buffers: Sequence[memoryview], deadline: float | None) -> list[int]:
+    """Fill the buffers like _recv_buffers, hashing each piece as it lands (still in cache);
+    returns each buffer's checksum. Small buffers are received together, large ones piecewise."""
+    digests = []
+    for buf in buffers:
+        h = hasher()
+        for start in range(0, buf.nbytes, _HASH_PIECE):
+            piece = buf[start:start + _HASH_PIECE]
+            _recv_buffers(sock, [piece], deadline)
+            h.update(piece)
+        digests.append(h.intdigest())
+    return digests
 
 
 def _recv_exact(sock: socket.socket, size: int, deadline: float | None) -> bytearray:
@@ -240,32 +256,40 @@ class TcpTransport(Transport):
     def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> None:
         self._move(segment, transfers, GrantMode.WRITE, deadline)
 
-    def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> None:
-        self._move(segment, transfers, GrantMode.READ, deadline)
+    def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int] | None:
+        """Reads of large blocks come back with their checksums, hashed as each piece arrived."""
+        return self._move(segment, transfers, GrantMode.READ, deadline)
 
     def _move(self, segment: SegmentInfo, transfers: Sequence[Transfer], mode: GrantMode,
-              deadline: float) -> None:
+              deadline: float) -> list[int] | None:
         ep = segment.endpoint(self.name)
         if ep is None:
             raise TransportError(f"segment {segment.segment_id} offers no tcp endpoint")
         buffers = [_byte_view(segment, t, mode) for t in transfers]
+        hashed = mode is GrantMode.READ and sum(b.nbytes for b in buffers) >= len(buffers) * _HASH_PIECE
+        digests: list[int] = []
         for start in range(0, len(transfers), MAX_ITEMS):
             batch = slice(start, start + MAX_ITEMS)
             request = _encode_request(segment.segment_id, mode, [t.grant for t in transfers[batch]])
-            self._exchange(ep.address, mode, request, buffers[batch], deadline)
+            digests += self._exchange(ep.address, mode, request, buffers[batch], deadline, hashed)
+        return digests if hashed else None
 
     def _exchange(self, address: str, mode: GrantMode, request: bytes, buffers: list[memoryview],
-                  deadline: float) -> None:
-        """One request and its reply on a pooled connection."""
+                  deadline: float, hashed: bool = False) -> list[int]:
+        """One request and its reply on a pooled connection; with `hashed`, the read buffers'
+        checksums."""
         sock = self._checkout(address, deadline)
         keep = False
+        digests: list[int] = []
         try:
             if mode is GrantMode.WRITE:
                 _send_write(sock, request, buffers, deadline, address)
             else:
                 _send_buffers(sock, [request], deadline)
             _read_reply(sock, deadline, address)
-            if mode is GrantMode.READ:
+            if mode is GrantMode.READ and hashed:
+                digests = _recv_hashed(sock, buffers, deadline)
+            elif mode is GrantMode.READ:
                 _recv_buffers(sock, buffers, deadline)
             keep = True
         except KVStoreError as exc:      # a refused read leaves the stream in sync; a write does not
@@ -280,6 +304,7 @@ class TcpTransport(Transport):
                 self._checkin(address, sock)
             else:
                 sock.close()
+        return digests
 
     def _checkout(self, address: str, deadline: float) -> socket.socket:
         with self._lock:
