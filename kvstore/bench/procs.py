@@ -76,16 +76,17 @@ class LocalStore:
     """A metadata service plus one daemon on this host; a context manager that stops both."""
 
     def __init__(self, dram: int, segment_size: int, daemon_args: tuple[str, ...] = (),
-                 ready_timeout: float = 60.0) -> None:
+                 ready_timeout: float = 60.0, env: dict[str, str] | None = None) -> None:
         self.dram = dram
         self.segment_size = segment_size
         self.daemon_args = daemon_args         # more `kvstore daemon` flags, e.g. an SSD tier
         self.ready_timeout = ready_timeout
+        self.env = env or {}                   # e.g. KVSTORE_META_* settings for this run
         self.meta_address = ""
         self.procs: list[ServerProcess] = []
 
     def start(self) -> "LocalStore":
-        env = dict(os.environ, KVSTORE_SECRET=random_secret(), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, KVSTORE_SECRET=random_secret(), PYTHONUNBUFFERED="1", **self.env)
         try:
             meta = self._spawn(["meta", "--port", "0"], env)
             self.meta_address = meta.wait_ready(self.ready_timeout)

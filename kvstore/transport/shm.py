@@ -20,13 +20,16 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvstore.checksum import checksum, copy_with_checksum
+from kvstore.checksum import copy_with_checksum, hasher
 from kvstore.config import DaemonConfig
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError
 from kvstore.hostid import host_id, pid_alive
 from kvstore.storage.base import SegmentStorage
 from kvstore.transport.base import GrantChecker, Transfer, Transport, TransportServer
 from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier
+
+
+_PIECE = 1 << 20
 
 
 def _parse(address: str) -> tuple[str, int, str]:
@@ -50,17 +53,21 @@ class _Opened:
             if mode is GrantMode.WRITE:
                 return copy_with_checksum(remote, buffer)
             return copy_with_checksum(buffer, remote)
-        if mode is GrantMode.WRITE:
-            digest = checksum(buffer)
-        done = 0
-        while done < len(buffer):
-            part = buffer[done:]
-            n = os.pwrite(self.fd, part, offset + done) if mode is GrantMode.WRITE \
-                else os.preadv(self.fd, [part], offset + done)
-            if n <= 0:
-                raise OSError(f"short {'write' if mode is GrantMode.WRITE else 'read'} at {offset + done}")
-            done += n
-        return digest if mode is GrantMode.WRITE else checksum(buffer)
+        h = hasher()
+        for start in range(0, len(buffer), _PIECE):     # hash each piece while it is in cache
+            piece = buffer[start:start + _PIECE]
+            if mode is GrantMode.WRITE:
+                h.update(piece)
+            done = 0
+            while done < len(piece):
+                n = os.pwrite(self.fd, piece[done:], offset + start + done) if mode is GrantMode.WRITE \
+                    else os.preadv(self.fd, [piece[done:]], offset + start + done)
+                if n <= 0:
+                    raise OSError(f"short {mode.name.lower()} at {offset + start + done}")
+                done += n
+            if mode is GrantMode.READ:
+                h.update(piece)
+        return h.intdigest()
 
     def close(self) -> None:
         try:
@@ -107,9 +114,8 @@ class ShmTransport(Transport):
             if segment.tier is Tier.SSD:
                 return _Opened(pid, fd=fd)
             try:
-                # Populate the page tables once now, not with a fault per page on every first touch.
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                mm = mmap.mmap(fd, segment.capacity, flags)
+                # Not MAP_POPULATE: it costs ~1 s per GiB up front; pages fault in once, on first use.
+                mm = mmap.mmap(fd, segment.capacity, mmap.MAP_SHARED)
             finally:
                 os.close(fd)
             return _Opened(pid, mm=mm, view=memoryview(mm))

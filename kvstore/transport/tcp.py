@@ -493,6 +493,12 @@ class TcpServer(TransportServer):
     @staticmethod
     def _send_payload(conn: socket.socket, placed: list[_Placed]) -> None:
         """Reply OK and the granted ranges, sent straight from segment memory (or bounce buffers)."""
+        if all(segment.view(g.offset, 0) is None and hasattr(segment, "sendfile") for segment, g in placed):
+            # File-backed (SSD): the kernel moves the bytes file -> socket, no copy through Python.
+            _send_buffers(conn, [_reply(ErrorCode.OK, "")], None)
+            for segment, g in placed:
+                segment.sendfile(conn, g.offset, g.length)
+            return
         sources = []
         try:
             for segment, g in placed:
