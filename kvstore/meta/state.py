@@ -32,10 +32,30 @@ class MetaState:
     def tier_of(self, location: int) -> Tier:
         return self.segment_of(location).info.tier
 
-    def usage(self, tier: Tier, daemon_id: str | None = None) -> tuple[int, int]:
-        """(used, capacity) bytes of a tier, optionally on one daemon only."""
-        segs = [s for s in self.segments.segments(tier) if daemon_id is None or s.daemon_id == daemon_id]
+    def usage(self, tier: Tier, daemon_id: str | None = None,
+              exclude: frozenset[str] | set[str] = frozenset()) -> tuple[int, int]:
+        """(used, capacity) bytes of a tier, optionally on one daemon only, or leaving some out."""
+        segs = [s for s in self.segments.segments(tier)
+                if (daemon_id is None or s.daemon_id == daemon_id) and s.daemon_id not in exclude]
         return sum(s.allocator.used for s in segs), sum(s.allocator.capacity for s in segs)
+
+    def ssd_daemons(self) -> set[str]:
+        """Daemons with an SSD tier: their DRAM blocks are demoted, never dropped, to make room."""
+        return {s.daemon_id for s in self.segments.segments(Tier.SSD)}
+
+    def droppable(self, now: float, keep_on: set[str]) -> Callable[[str], bool]:
+        """A `protected` predicate for eviction that also spares blocks with a replica on any of
+        the daemons in `keep_on`."""
+        protected = self.protected(now)
+        if not keep_on:
+            return protected
+
+        def skip(key: str) -> bool:
+            if protected(key):
+                return True
+            entry = self.index.get(key)
+            return any(self.segment_of(loc).daemon_id in keep_on for loc in entry.replicas())
+        return skip
 
     def protected(self, now: float) -> Callable[[str], bool]:
         """Keys that must not be evicted or moved now: read-leased, pinned, or moving."""

@@ -330,11 +330,12 @@ class MetaStore:
             if placed:
                 return placed
         placed = self._st.segments.place(size, replica_num)
-        if placed or self._tiering.enabled():
-            return placed          # with an SSD tier, room is made by demotion, not by dropping
-        capacity = self._st.usage(Tier.DRAM)[1]
-        while not placed:
-            victims = self._policy.victims(self._st.index, self._st.protected(now),
+        # Room is made by dropping least recently used blocks, except on daemons with an SSD
+        # tier: there blocks are demoted by the daemon (asynchronously; the put is told to retry).
+        ssd_daemons = self._st.ssd_daemons()
+        capacity = self._st.usage(Tier.DRAM, exclude=ssd_daemons)[1]
+        while not placed and capacity:
+            victims = self._policy.victims(self._st.index, self._st.droppable(now, ssd_daemons),
                                            max(size, int(capacity * EVICTION_STEP)))
             if not victims:
                 return []
@@ -345,13 +346,12 @@ class MetaStore:
     def _evict_to_watermark(self, now: float) -> None:
         cfg = self.config
         self._tiering.enforce_watermark(Tier.GPU, cfg.high_watermark, cfg.low_watermark, now)
-        if self._tiering.enabled():
-            self._tiering.enforce_watermark(Tier.SSD, cfg.ssd_high_watermark, cfg.ssd_low_watermark, now)
-            return                 # DRAM above its watermark is demoted by the daemons' claims
-        used, capacity = self._st.usage(Tier.DRAM)
-        if capacity and used > capacity * self.config.high_watermark:
-            need = used - int(capacity * self.config.low_watermark)
-            self._st.evict(self._policy.victims(self._st.index, self._st.protected(now), need))
+        self._tiering.enforce_watermark(Tier.SSD, cfg.ssd_high_watermark, cfg.ssd_low_watermark, now)
+        ssd_daemons = self._st.ssd_daemons()     # their DRAM is demoted by the daemons' claims
+        used, capacity = self._st.usage(Tier.DRAM, exclude=ssd_daemons)
+        if capacity and used > capacity * cfg.high_watermark:
+            need = used - int(capacity * cfg.low_watermark)
+            self._st.evict(self._policy.victims(self._st.index, self._st.droppable(now, ssd_daemons), need))
 
     # -- introspection --------------------------------------------------------------------------
 

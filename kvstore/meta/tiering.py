@@ -47,9 +47,6 @@ class Tiering:
         self._promote: dict[str, None] = {}      # insertion-ordered set of keys to bring back
         self._pressure: dict[str, int] = {}      # daemon -> DRAM bytes puts are waiting for
 
-    def enabled(self) -> bool:
-        return bool(self._st.segments.segments(Tier.SSD))
-
     # -- signals from the read and write paths ---------------------------------------------------
 
     def note_read(self, key: str, entry: Entry) -> None:
@@ -64,14 +61,18 @@ class Tiering:
 
     def want_room(self, size: int, now: float) -> bool:
         """A put found DRAM full. True if demotion can make room (the put should retry soon)."""
-        if not self.enabled():
+        ssd_daemons = self._st.ssd_daemons()
+        if not ssd_daemons:
             return False
         skip = self._st.protected(now)
         for key, entry in self._st.index.least_recent():
-            if not skip(key) and any(self._st.tier_of(l) is Tier.DRAM for l in entry.replicas()):
-                daemon = self._st.segment_of(entry.replicas()[0]).daemon_id
-                self._pressure[daemon] = self._pressure.get(daemon, 0) + size
-                return True
+            if skip(key):
+                continue
+            for loc in entry.replicas():
+                seg = self._st.segment_of(loc)
+                if seg.info.tier is Tier.DRAM and seg.daemon_id in ssd_daemons:
+                    self._pressure[seg.daemon_id] = self._pressure.get(seg.daemon_id, 0) + size
+                    return True
         return False
 
     # -- the daemon's side of a move ---------------------------------------------------------------

@@ -164,3 +164,23 @@ def test_restarted_daemon_takes_over_its_persistent_segment(store):
     store.mount_segment(SegmentInfo("ssd", "d2", Tier.SSD, SSD, ep))   # same id, new daemon
     assert store.exists(["a"]) == [False]                    # it re-announces what survived
     assert store.announce("ssd", [("a", 0, 100, 5)])[0].code is ErrorCode.OK
+
+
+def test_daemons_without_ssd_still_evict_while_others_demote(clock):
+    cfg = MetaConfig(high_watermark=0.75, low_watermark=0.5)
+    s = MetaStore(cfg, GrantSigner(b"k" * 16), clock)
+    ep = (Endpoint("tcp", "127.0.0.1:1"),)
+    s.mount_segment(SegmentInfo("dram2", "d2", Tier.DRAM, DRAM, ep))
+    s.mount_segment(SegmentInfo("ssd2", "d2", Tier.SSD, SSD, ep))
+    old = [f"old{i}" for i in range(16)]
+    put(s, old)                                          # d2's DRAM is full, and least recent
+    s.mount_segment(SegmentInfo("plain", "d1", Tier.DRAM, DRAM, ep))
+    for i in range(40):                                  # all land on d1, which has no SSD
+        assert put(s, [f"new{i}"])[0].code is ErrorCode.OK
+    stats = {t.tier: t for t in s.stats().tiers}
+    assert stats[Tier.DRAM].evictions > 0                # d1 dropped its own LRU blocks ...
+    assert s.exists(old) == [True] * 16                  # ... never d2's, older as they are
+    run_moves(s, "d2")                                   # d2 makes room by demoting them
+    assert {t.tier: t for t in s.stats().tiers}[Tier.SSD].demotions > 0
+    assert s.exists(old) == [True] * 16
+    s.check_invariants()
