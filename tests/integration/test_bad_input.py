@@ -116,13 +116,14 @@ def _tcp_address(client):
 def test_garbage_on_the_daemon_port(client, junk):
     _, addr = _tcp_address(client)
     with socket.create_connection(addr, timeout=5) as s:
-        s.sendall(junk)
-        s.shutdown(socket.SHUT_WR)
         try:
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)
             while s.recv(65536):           # an error reply and/or a close; never a hang
                 pass
-        except ConnectionResetError:       # closed with our junk unread: also a refusal
+        except OSError:                    # reset, or closed with our junk unread: also a refusal
             pass
+    # the client fixture's teardown then checks the daemon still serves and nothing changed
 
 
 def test_forged_expired_and_out_of_range_grants(client):
