@@ -11,22 +11,19 @@ import time
 from collections import defaultdict
 from typing import Any, Sequence
 
-import grpc
-
 from kvstore.client.buffers import byte_view
 from kvstore import wire
+from kvstore.client.metachannel import MetaChannel
 from kvstore.checksum import checksum
 from kvstore.config import ClientConfig
 from kvstore.errors import (ChecksumMismatch, ErrorCode, InvalidArgument, KVStoreError, TransportError,
-                            error_for, from_rpc_error)
+                            error_for)
 from kvstore.stats import StoreStats
 from kvstore.transport import registry
 from kvstore.transport.base import Transfer, Transport
 from kvstore.types import Grant, SegmentInfo, validate_key
 from kvstore.v1 import meta_pb2 as pb
-from kvstore.v1 import meta_pb2_grpc as pb_grpc
 
-_GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
 class KVClient:
@@ -35,8 +32,7 @@ class KVClient:
         self.config = config or ClientConfig()
         for name in self.config.transports:
             registry.client_class(name)   # fail now, with the extra to install, not mid-transfer
-        self._channel = grpc.insecure_channel(meta_address, options=_GRPC_OPTIONS)
-        self._stub = pb_grpc.MetaServiceStub(self._channel)
+        self._meta = MetaChannel(meta_address, self.config.timeout_s, self.config.fast_lane)
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
 
@@ -50,15 +46,12 @@ class KVClient:
         for transport in self._transports.values():
             transport.close()
         self._transports.clear()
-        self._channel.close()
+        self._meta.close()
 
     # -- metadata calls ------------------------------------------------------------------------
 
     def _rpc(self, name: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, name)(request, timeout=self.config.timeout_s)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, f"{name} to {self.meta_address}") from exc
+        return self._meta.call(name, request)
 
     def exists(self, key: str) -> bool:
         return self.exists_many([key])[0]

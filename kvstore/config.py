@@ -61,6 +61,8 @@ class MetaConfig:
     move_timeout_s: float = 30.0        # a claimed tier move not reported by then is abandoned
     tick_interval_s: float = 0.5
     workers: int = 8
+    fast_lane: bool = True              # also serve the hot calls over a plain socket (fastrpc)
+    fast_lane_port: int = 0             # 0: any free port (clients learn it from ServiceInfo)
 
     def __post_init__(self) -> None:
         _require(0 <= self.port < 65536, f"meta port {self.port} out of range")
@@ -130,6 +132,7 @@ class ClientConfig:
     transports: tuple[str, ...] = ("shm", "tcp")   # preference order
     timeout_s: float = 10.0                         # metadata RPCs and each data-plane transfer
     verify_checksums: bool = True
+    fast_lane: bool = True                          # use the service's fast lane when it has one
 
     def __post_init__(self) -> None:
         _require(self.replica_num >= 1, "replica_num must be at least 1")

@@ -118,6 +118,11 @@ def from_rpc_error(exc: grpc.RpcError, what: str) -> KVStoreError:
     """Translate a failed gRPC call into the domain error; `what` names the call for the message."""
     status = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
+    return from_status(status, details, what)
+
+
+def from_status(status: grpc.StatusCode, details: str, what: str) -> KVStoreError:
+    """The domain error for a failed call's status code (from gRPC or the fast lane)."""
     code = _CODE_OF_GRPC.get(status)
     if code is None:
         return KVStoreError(f"{what} failed with {status.name}: {details}")

@@ -78,8 +78,13 @@ class MoveTask:
     checksum: int
 
 
+_SURELY_SHORT = MAX_KEY_BYTES // 4     # UTF-8 takes at most 4 bytes a character
+
+
 def validate_key(key: str) -> None:
     """Raise InvalidArgument unless `key` is a usable key."""
+    if type(key) is str and 0 < len(key) <= _SURELY_SHORT:
+        return                           # the common case, without encoding the key
     from kvstore.errors import InvalidArgument
 
     if not isinstance(key, str):

@@ -10,7 +10,7 @@ from typing import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvstore import wire
+from kvstore import __version__, wire
 from kvstore.config import MetaConfig
 from kvstore.errors import InvalidArgument, KVStoreError, to_grpc_status
 from kvstore.meta.store import MetaStore
@@ -44,6 +44,11 @@ def _referenced_segments(store: MetaStore, grants_lists) -> list[pb.Segment]:
 class MetaServicer(pb_grpc.MetaServiceServicer):
     def __init__(self, store: MetaStore) -> None:
         self.store = store
+        self.fast_lane_port = 0
+
+    @_translating
+    def ServiceInfo(self, request, context):
+        return pb.ServiceInfoResponse(version=__version__, fast_lane_port=self.fast_lane_port)
 
     @_translating
     def MountSegment(self, request, context):
@@ -146,13 +151,20 @@ class MetaServer:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.so_reuseport", 0)])
-        pb_grpc.add_MetaServiceServicer_to_server(MetaServicer(store), self._server)
+        servicer = MetaServicer(store)
+        pb_grpc.add_MetaServiceServicer_to_server(servicer, self._server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
         if self.port == 0:
             raise OSError(f"cannot listen on {config.host}:{config.port} (in use?)")
         self._ticker = threading.Thread(target=self._tick_loop, name="meta-tick", daemon=True)
+        self._fast_lane = None
+        if config.fast_lane:
+            from kvstore.meta.fastlane import FastLaneServer
+
+            self._fast_lane = FastLaneServer(servicer, config.host, config.fast_lane_port)
+            servicer.fast_lane_port = self._fast_lane.port
 
     @property
     def address(self) -> str:
@@ -160,6 +172,8 @@ class MetaServer:
 
     def start(self) -> "MetaServer":
         self._server.start()
+        if self._fast_lane is not None:
+            self._fast_lane.start()
         self._ticker.start()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -176,6 +190,8 @@ class MetaServer:
     def stop(self, grace: float = 1.0) -> None:
         self._stop.set()
         self._health.enter_graceful_shutdown()
+        if self._fast_lane is not None:
+            self._fast_lane.stop()
         self._server.stop(grace).wait()
         if self._ticker.is_alive():
             self._ticker.join(timeout=5)

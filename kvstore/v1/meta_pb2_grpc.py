@@ -114,6 +114,11 @@ class MetaServiceStub:
                 request_serializer=kvstore_dot_v1_dot_meta__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_meta__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.ServiceInfo = channel.unary_unary(
+                '/kvstore.v1.MetaService/ServiceInfo',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.ServiceInfoRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.ServiceInfoResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -215,6 +220,12 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ServiceInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +308,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvstore_dot_v1_dot_meta__pb2.StatsRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_meta__pb2.StatsResponse.SerializeToString,
+            ),
+            'ServiceInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.ServiceInfo,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.ServiceInfoRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.ServiceInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -731,6 +747,33 @@ class MetaService:
             '/kvstore.v1.MetaService/Stats',
             kvstore_dot_v1_dot_meta__pb2.StatsRequest.SerializeToString,
             kvstore_dot_v1_dot_meta__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ServiceInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/ServiceInfo',
+            kvstore_dot_v1_dot_meta__pb2.ServiceInfoRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.ServiceInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
