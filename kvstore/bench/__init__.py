@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 SECTION_NAMES = "ceilings,throughput,latency,prefix,metamem"
+COMPARE_CHOICES = ("mooncake",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="benchmark the store at this metadata address instead of starting one")
     parser.add_argument("--quick", action="store_true",
                         help="fewer iterations and sizes (4KiB,1MiB), 100k metadata blocks: under a minute")
-    parser.add_argument("--transports", default="shm,tcp", help="transports to measure (default shm,tcp)")
+    parser.add_argument("--transports", default=None,
+                        help="transports to measure (default shm,tcp; with --compare also mooncake and ucx "
+                             "where installed)")
+    parser.add_argument("--compare", choices=COMPARE_CHOICES, default=None,
+                        help="also measure Mooncake Store (master + server + client processes on 127.0.0.1, "
+                             "tcp) in the same run and print kvstore / Mooncake ratios and the issue's targets")
     parser.add_argument("--sizes", default=None,
                         help="block sizes (default 4KiB,64KiB,1MiB,16MiB; with --quick 4KiB,1MiB)")
     parser.add_argument("--meta-blocks", type=int, default=None,
@@ -26,4 +32,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dram", default="1GiB", help="DRAM of the daemon the bench starts (default 1GiB)")
     parser.add_argument("--segment-size", default="256MiB", help="segment size of that daemon (default 256MiB)")
     parser.add_argument("--sections", default=None,
-                        help=f"comma-separated subset to run, in fixed order (default all: {SECTION_NAMES})")
+                        help=f"comma-separated subset to run, in fixed order (default all: {SECTION_NAMES}; "
+                             "plus mooncake with --compare mooncake)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from kvstore.bench import compare
 from kvstore.bench.results import Results, TargetCheck
 
 MEMCPY_CEILING_SIZE = 256 << 20
@@ -58,14 +59,14 @@ def targets(results: Results) -> list[TargetCheck]:
             checks.append(TargetCheck(f"tcp get {fmt_size(t.size)} {t.mode}", t.gbps, "GB/s", sock.gbps,
                                       f"{TCP_GET_OF_SOCKET} x socket {fmt_size(t.size)} {sock.gbps:.2f} GB/s",
                                       TCP_GET_OF_SOCKET))
-    for p in results.prefix:
+    for p in (p for p in results.prefix if p.path == compare.KVSTORE_PREFIX_PATH):
         checks.append(TargetCheck(f"match_prefix {p.batch} keys", p.keys_per_s, "keys/s", MATCH_PREFIX_KEYS_PER_S,
                                   f">= {fmt_rate(MATCH_PREFIX_KEYS_PER_S)} keys/s", 1.0))
     for m in results.meta_memory:
         checks.append(TargetCheck(f"metadata at {fmt_rate(m.blocks)} blocks", m.bytes_per_block, "B/block",
                                   META_BYTES_PER_BLOCK, f"<= {META_BYTES_PER_BLOCK} B/block", 1.0,
                                   higher_is_better=False))
-    return checks
+    return checks + compare.targets(results)
 
 
 def render(results: Results) -> str:
@@ -86,14 +87,16 @@ def render(results: Results) -> str:
              for lat in results.latency]))
     if results.prefix:
         parts.append("== match_prefix (all keys present; fastest of `runs` runs) ==\n" + table(
-            ["batch", "calls", "runs", "keys/s", "ms/call"],
-            [[str(p.batch), str(p.calls), str(p.repeats), fmt_rate(p.keys_per_s), f"{p.seconds / p.calls * 1e3:.2f}"]
-             for p in results.prefix]))
+            ["path", "batch", "calls", "runs", "keys/s", "ms/call"],
+            [[p.path, str(p.batch), str(p.calls), str(p.repeats), fmt_rate(p.keys_per_s),
+              f"{p.seconds / p.calls * 1e3:.2f}"] for p in results.prefix]))
     if results.meta_memory:
         parts.append("== metadata memory (MetaStore in a fresh process) ==\n" + table(
             ["blocks", "RSS growth MiB", "B/block", "build s"],
             [[str(m.blocks), f"{m.rss_growth / 2**20:.1f}", f"{m.bytes_per_block:.0f}", f"{m.seconds:.1f}"]
              for m in results.meta_memory]))
+    if results.baselines:
+        parts.append(render_comparison(results))
     if results.skipped:
         parts.append("== skipped ==\n" + "\n".join(f"{s.what}: {s.reason}" for s in results.skipped))
     checks = targets(results)
@@ -104,3 +107,55 @@ def render(results: Results) -> str:
               c.reference_text, f"{c.ratio:.2f}", "met" if c.met else "NOT MET"] for c in checks],
             right=[False, True, False, True, False]))
     return "\n\n".join(parts)
+
+
+def _value(x: float, unit: str) -> str:
+    if unit == "GB/s":
+        return f"{x:.3f}"
+    if unit == "us":
+        return f"{x:.0f}"
+    return fmt_rate(x)
+
+
+def _ceilings_line(results: Results) -> str:
+    by_name: dict[str, list[str]] = {}
+    for c in results.ceilings:
+        by_name.setdefault(c.name, []).append(f"{fmt_size(c.size)} {c.gbps:.2f}")
+    return "; ".join(f"{name} {', '.join(v)} GB/s" for name, v in by_name.items())
+
+
+def _ratio_cells(row: compare.ComparisonRow, path: str) -> list[str]:
+    if path not in row.values:
+        return ["-", "-"]
+    return [_value(row.values[path], row.unit), f"{row.ratios[path]:.2f}"]
+
+
+def render_comparison(results: Results) -> str:
+    """kvstore beside each baseline: absolute numbers, kvstore / baseline ratios, the ceilings."""
+    lines = ["== kvstore vs Mooncake Store (same run; x = kvstore / mooncake-store) =="]
+    for b in results.baselines:
+        state = f"unavailable: {b.unavailable}" if b.unavailable else f"measured in {b.seconds:.0f} s"
+        lines.append(f"{b.name}: {state}\n  {b.setup}")
+    base = compare.baseline(results)
+    if base is not None:
+        rows = compare.comparison(results)
+        paths = compare.kvstore_paths(results, base)
+        headers = ["what", "size", "mode", "unit", base.path]
+        for path in paths:
+            headers += [path, "x"]
+        body = [[r.what, fmt_size(r.size), r.mode, r.unit, _value(r.baseline, r.unit)]
+                + [cell for path in paths for cell in _ratio_cells(r, path)]
+                for r in rows if r.what != "prefix match"]
+        lines.append(f"{base.path} calls: put_from, get_into, batch_put_from, batch_get_into (buffers registered), "
+                     "is_exist (exists), batch_is_exist (match_prefix: the leading keys present)")
+        lines.append("throughput (> 1 x: kvstore faster) and latency (< 1 x: kvstore faster), kvstore per transport:")
+        lines.append(table(headers, body, right=[False, True, False, False] + [True] * (len(headers) - 4)))
+        kv = compare.KVSTORE_PREFIX_PATH
+        prefix = [[r.mode, fmt_rate(r.baseline), *_ratio_cells(r, kv)] for r in rows if r.what == "prefix match"]
+        if prefix:
+            lines.append(f"batched existence, all keys present: {kv} match_prefix vs {base.path} batch_is_exist:")
+            lines.append(table(["batch", f"{base.path} keys/s", f"{kv} keys/s", "x"], prefix))
+    if results.ceilings:
+        lines.append(f"ceilings (this run): {_ceilings_line(results)}")
+    lines += [f"not judged: {note}" for note in compare.unjudged(results)]
+    return "\n".join(lines)

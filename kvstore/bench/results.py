@@ -58,12 +58,15 @@ class Latency:
 
 @dataclass(frozen=True)
 class PrefixRate:
-    """match_prefix over batches of keys that are all present, so the whole batch is walked."""
+    """match_prefix over batches of keys that are all present, so the whole batch is walked.
+    `path` is "kvstore" (metadata only, so one number for every transport) or a baseline's label,
+    e.g. "mooncake-store" for its batch_is_exist."""
 
     batch: int
     calls: int           # per run
     seconds: float       # of the fastest run
     repeats: int = 1
+    path: str = "kvstore"
 
     @property
     def keys_per_s(self) -> float:
@@ -89,6 +92,18 @@ class Skipped:
 
     what: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Another store measured in the same run for comparison (`--compare`). Its numbers are in
+    Results.throughput / latency / prefix under `path`; `unavailable` says why there are none."""
+
+    name: str                # "mooncake"
+    path: str                # the label of its results, e.g. "mooncake-store"
+    setup: str               # how it ran, for the report
+    unavailable: str | None = None
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,7 @@ class Results:
     latency: list[Latency] = field(default_factory=list)
     prefix: list[PrefixRate] = field(default_factory=list)
     meta_memory: list[MetaMemory] = field(default_factory=list)
+    baselines: list[Baseline] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
 
     def ceiling(self, name: str, size: int) -> Ceiling | None:
@@ -136,7 +152,7 @@ def to_json(obj: Any) -> Any:
     if isinstance(obj, Results):
         return {name: to_json(value) for name, value in vars(obj).items()}
     data = asdict(obj)
-    for name in ("gbps", "ops_per_s", "mode", "keys_per_s", "bytes_per_block", "ratio", "met"):
+    for name in ("gbps", "ops_per_s", "mode", "keys_per_s", "bytes_per_block", "ratio", "met", "ratios"):
         if hasattr(type(obj), name):
             data[name] = getattr(obj, name)
     return data

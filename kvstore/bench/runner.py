@@ -3,8 +3,9 @@
 A section is one kind of measurement registered by name in SECTIONS, run in registration order;
 those with `needs_store` run while the store is up (started here unless --meta names one). Each
 measured path is a (label, KVTarget) pair from `Context.paths()`: today one kvstore client per
-transport. Later additions plug in here: `--compare mooncake` as more paths (an adapter with the
-KVTarget calls, labelled e.g. "mooncake-tcp"), `--tiers` as a section of its own.
+transport. `--compare mooncake` adds the "mooncake" section: Mooncake Store measured by the same
+code in processes of its own (kvstore.bench.mooncake), after kvstore's servers are stopped, and
+kvstore's "mooncake"/"ucx" transports where installed.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
-from kvstore.bench import ceilings, latency, metamem, store
+from kvstore.bench import ceilings, compare, latency, metamem, store
 from kvstore.bench.procs import LocalStore
 from kvstore.bench.report import MEMCPY_CEILING_SIZE, fmt_size, render, targets
-from kvstore.bench.results import Results, Skipped, to_json
+from kvstore.bench.results import Baseline, Results, Skipped, to_json
 from kvstore.bench.store import KVTarget, ThroughputPlan
 from kvstore.config import ClientConfig, parse_size
 from kvstore.errors import KVStoreError
@@ -29,6 +30,10 @@ from kvstore.errors import KVStoreError
 LATENCY_SIZE = 4 << 10
 PREFIX_BATCH = 1000
 SOCKET_SIZES = (1 << 20, 16 << 20)
+DEFAULT_TRANSPORTS = ("shm", "tcp")
+COMPARE_TRANSPORTS = ("mooncake", "ucx")    # measured too with --compare, where installed
+DAEMON_DEFAULT_TRANSPORTS = ("shm", "tcp")  # what the daemon serves without --transports
+OPT_IN_SECTIONS = {"mooncake": "mooncake"}  # section -> the --compare choice that runs it
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class BenchOptions:
     dram: int
     segment_size: int
     sections: tuple[str, ...]
+    compare: tuple[str, ...] = ()
+    not_measured: tuple[Skipped, ...] = ()     # transports --compare would add but cannot, and why
 
     def __post_init__(self) -> None:
         unknown = set(self.sections) - set(SECTIONS)
@@ -76,16 +83,52 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
     quick = bool(args.quick)
     default_sizes = "4KiB,1MiB" if quick else "4KiB,64KiB,1MiB,16MiB"
-    transports = tuple(t.strip() for t in args.transports.split(",") if t.strip())
-    for name in transports:
-        registry.client_class(name)     # an unknown or uninstalled transport fails here, not mid-run
+    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip()) if args.sections else None
+    compare = tuple(sorted({c for c in [getattr(args, "compare", None)] if c}
+                           | {OPT_IN_SECTIONS[s] for s in sections or () if s in OPT_IN_SECTIONS}))
+    if sections is None:
+        sections = tuple(s for s in SECTIONS if s not in OPT_IN_SECTIONS or OPT_IN_SECTIONS[s] in compare)
+    not_measured: list[Skipped] = []
+    if args.transports:
+        transports = tuple(t.strip() for t in args.transports.split(",") if t.strip())
+        for name in transports:
+            registry.client_class(name)     # an unknown or uninstalled transport fails here, not mid-run
+    else:
+        transports = DEFAULT_TRANSPORTS
+        if compare:
+            extra, not_measured = available_transports(COMPARE_TRANSPORTS)
+            transports += extra
     return BenchOptions(
         meta=args.meta, quick=quick, transports=transports,
         sizes=tuple(_size(s) for s in (args.sizes or default_sizes).split(",") if s.strip()),
         meta_blocks=args.meta_blocks or (100_000 if quick else 1_000_000),
         json_path=args.json, dram=parse_size(args.dram), segment_size=parse_size(args.segment_size),
-        sections=tuple(s.strip() for s in args.sections.split(",") if s.strip()) if args.sections
-        else tuple(SECTIONS))
+        sections=sections, compare=compare, not_measured=tuple(not_measured))
+
+
+def available_transports(names: tuple[str, ...]) -> tuple[tuple[str, ...], list[Skipped]]:
+    """Those of `names` that are registered and whose modules import (client and server side);
+    a Skipped saying why for each other one."""
+    from kvstore.transport import registry
+
+    usable, missing = [], []
+    for name in names:
+        if name not in registry.names():
+            missing.append(Skipped(f"kvstore over {name}", "not measured: no such transport registered yet"))
+            continue
+        try:
+            registry.client_class(name)
+            registry.server_class(name)
+        except (KVStoreError, ImportError) as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ModuleNotFoundError) and (cause.name or "").startswith("kvstore."):
+                reason = f"not measured: its module {cause.name} does not exist yet"
+            else:
+                reason = f"not measured: {exc}"
+            missing.append(Skipped(f"kvstore over {name}", reason))
+            continue
+        usable.append(name)
+    return tuple(usable), missing
 
 
 def _size(text: str) -> int:
@@ -106,6 +149,7 @@ class Context:
         self.results = results
         self.meta_address: str | None = None
         self.run_id = secrets.token_hex(4)       # keeps this run's keys apart in a shared store
+        self.transports = list(options.transports)   # less any the started daemon could not serve
         self._clients: dict[str, KVTarget] = {}
 
     def paths(self) -> Iterator[tuple[str, KVTarget]]:
@@ -113,7 +157,7 @@ class Context:
         from kvstore.client import KVClient
 
         assert self.meta_address, "a store section ran without a store"
-        for transport in self.options.transports:
+        for transport in self.transports:
             if transport not in self._clients:
                 self._clients[transport] = KVClient(self.meta_address, ClientConfig(transports=(transport,)))
             yield transport, self._clients[transport]
@@ -211,6 +255,31 @@ def run_prefix(ctx: Context) -> None:
     _attempt(ctx, f"match_prefix on {PREFIX_BATCH}-key batches", _prefix, ctx, target)
 
 
+@section("mooncake", needs_store=False)
+def run_mooncake(ctx: Context) -> None:
+    """Mooncake Store, measured like kvstore: same sizes, plan, latency and prefix counts."""
+    from kvstore.bench import mooncake
+
+    opts = ctx.options
+    ops, warmup = opts.latency_ops
+    spec = mooncake.MooncakeSpec(sizes=opts.sizes, plan=opts.plan, latency_size=LATENCY_SIZE, latency_ops=ops,
+                                 latency_warmup=warmup, prefix_batch=PREFIX_BATCH, prefix_calls=opts.prefix_calls,
+                                 segment_size=opts.dram, key_prefix=ctx.key_prefix("mooncake"))
+    progress(f"{mooncake.PATH}: starting mooncake_master, a server ({fmt_size(spec.segment_size)} segment) "
+             "and a client")
+    outcome = mooncake.MooncakeStore(spec, progress).measure()
+    res = ctx.results
+    res.throughput += outcome.throughput
+    res.latency += outcome.latency
+    res.prefix += outcome.prefix
+    res.skipped += outcome.skipped
+    setup = mooncake.describe(spec) + "".join(f"; {note}" for note in outcome.notes)
+    res.baselines.append(Baseline("mooncake", mooncake.PATH, setup, outcome.unavailable, outcome.seconds))
+    if outcome.unavailable:
+        res.skipped.append(Skipped("mooncake", f"unavailable: {outcome.unavailable}"))
+        progress(f"mooncake: unavailable: {outcome.unavailable}")
+
+
 @section("metamem", needs_store=False)
 def run_metamem(ctx: Context) -> None:
     progress(f"metadata memory at {ctx.options.meta_blocks} blocks")
@@ -219,7 +288,7 @@ def run_metamem(ctx: Context) -> None:
 
 def run(options: BenchOptions) -> tuple[Results, bool]:
     """Run the chosen sections; returns the results and whether every section ran to the end."""
-    results = Results()
+    results = Results(skipped=list(options.not_measured))
     ctx = Context(options, results)
     chosen = [SECTIONS[name] for name in SECTIONS if name in options.sections]
     last_store_use = max((i for i, s in enumerate(chosen) if s.needs_store), default=-1)
@@ -231,8 +300,7 @@ def run(options: BenchOptions) -> tuple[Results, bool]:
                 if options.meta:
                     ctx.meta_address = options.meta
                 else:
-                    progress(f"starting meta + daemon ({fmt_size(options.dram)} DRAM)")
-                    local = LocalStore(options.dram, options.segment_size).start()
+                    local = _start_store(ctx)
                     ctx.meta_address = local.meta_address
             t0 = time.perf_counter()
             try:
@@ -254,6 +322,27 @@ def run(options: BenchOptions) -> tuple[Results, bool]:
     return results, ok
 
 
+def _start_store(ctx: Context) -> LocalStore:
+    """Meta + a daemon serving every transport measured. If a transport beyond the daemon's
+    defaults keeps it from starting (e.g. mooncake's engine fails), start without those and
+    record why, so the rest of the run still measures shm and tcp."""
+    opts = ctx.options
+    served = tuple(dict.fromkeys([*DAEMON_DEFAULT_TRANSPORTS, *ctx.transports]))
+    progress(f"starting meta + daemon ({fmt_size(opts.dram)} DRAM, transports {','.join(served)})")
+    try:
+        return LocalStore(opts.dram, opts.segment_size, daemon_args=("--transports", ",".join(served))).start()
+    except RuntimeError as exc:
+        extra = [t for t in served if t not in DAEMON_DEFAULT_TRANSPORTS]
+        if not extra:
+            raise
+        reason = str(exc).strip().splitlines()[-1][:300]
+        progress(f"daemon failed with {','.join(extra)}; retrying without them: {reason}")
+        for name in extra:
+            ctx.results.skipped.append(Skipped(f"kvstore over {name}", f"daemon would not start with it: {reason}"))
+        ctx.transports = [t for t in ctx.transports if t not in extra]
+        return LocalStore(opts.dram, opts.segment_size).start()
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args)
@@ -266,6 +355,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"\nbench finished in {time.perf_counter() - started:.0f} s", flush=True)
     if options.json_path:
         doc = {"options": asdict(options), "results": to_json(results), "targets": to_json(targets(results))}
+        if results.baselines:
+            doc["comparison"] = {"rows": to_json(compare.comparison(results)),
+                                 "not_judged": compare.unjudged(results)}
         with open(options.json_path, "w") as fh:
             json.dump(doc, fh, indent=2)
     return 0 if ok else 1
