@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", choices=COMPARE_CHOICES, default=None,
                         help="also measure Mooncake Store (master + server + client processes on 127.0.0.1, "
                              "tcp) in the same run and print kvstore / Mooncake ratios and the issue's targets")
+    parser.add_argument("--tiers", action="store_true",
+                        help="also measure the SSD tier: demotion (SSD write) and cold SSD reads per transport, "
+                             "against the raw disk (O_DIRECT and buffered) in the same run")
+    parser.add_argument("--tiers-dir", default=None,
+                        help="directory on the disk to measure for --tiers (default: the system temp dir)")
+    parser.add_argument("--tiers-size", default="512MiB", help="bytes demoted and read back for --tiers")
     parser.add_argument("--sizes", default=None,
                         help="block sizes (default 4KiB,64KiB,1MiB,16MiB; with --quick 4KiB,1MiB)")
     parser.add_argument("--meta-blocks", type=int, default=None,

@@ -97,6 +97,10 @@ def render(results: Results) -> str:
              for m in results.meta_memory]))
     if results.baselines:
         parts.append(render_comparison(results))
+    for tier_result in results.tiers:
+        from kvstore.bench import tiers
+
+        parts.append(tiers.report(tier_result))
     if results.skipped:
         parts.append("== skipped ==\n" + "\n".join(f"{s.what}: {s.reason}" for s in results.skipped))
     checks = targets(results)

@@ -139,6 +139,7 @@ class Results:
     prefix: list[PrefixRate] = field(default_factory=list)
     meta_memory: list[MetaMemory] = field(default_factory=list)
     baselines: list[Baseline] = field(default_factory=list)
+    tiers: list[Any] = field(default_factory=list)        # kvstore.bench.tiers.TierResult
     skipped: list[Skipped] = field(default_factory=list)
 
     def ceiling(self, name: str, size: int) -> Ceiling | None:

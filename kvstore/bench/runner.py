@@ -49,6 +49,8 @@ class BenchOptions:
     sections: tuple[str, ...]
     compare: tuple[str, ...] = ()
     not_measured: tuple[Skipped, ...] = ()     # transports --compare would add but cannot, and why
+    tiers_dir: str | None = None               # --tiers: where the SSD tier and raw disk are measured
+    tiers_size: int = 512 << 20
 
     def __post_init__(self) -> None:
         unknown = set(self.sections) - set(SECTIONS)
@@ -87,7 +89,10 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     compare = tuple(sorted({c for c in [getattr(args, "compare", None)] if c}
                            | {OPT_IN_SECTIONS[s] for s in sections or () if s in OPT_IN_SECTIONS}))
     if sections is None:
-        sections = tuple(s for s in SECTIONS if s not in OPT_IN_SECTIONS or OPT_IN_SECTIONS[s] in compare)
+        sections = tuple(s for s in SECTIONS if s != "tiers"
+                         and (s not in OPT_IN_SECTIONS or OPT_IN_SECTIONS[s] in compare))
+    if getattr(args, "tiers", False) and "tiers" not in sections:
+        sections += ("tiers",)
     not_measured: list[Skipped] = []
     if args.transports:
         transports = tuple(t.strip() for t in args.transports.split(",") if t.strip())
@@ -99,6 +104,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
             extra, not_measured = available_transports(COMPARE_TRANSPORTS)
             transports += extra
     return BenchOptions(
+        tiers_dir=getattr(args, "tiers_dir", None),
+        tiers_size=parse_size(getattr(args, "tiers_size", None) or "512MiB") // (4 if quick else 1),
         meta=args.meta, quick=quick, transports=transports,
         sizes=tuple(_size(s) for s in (args.sizes or default_sizes).split(",") if s.strip()),
         meta_blocks=args.meta_blocks or (100_000 if quick else 1_000_000),
@@ -278,6 +285,17 @@ def run_mooncake(ctx: Context) -> None:
     if outcome.unavailable:
         res.skipped.append(Skipped("mooncake", f"unavailable: {outcome.unavailable}"))
         progress(f"mooncake: unavailable: {outcome.unavailable}")
+
+
+@section("tiers", needs_store=False)
+def run_tiers(ctx: Context) -> None:
+    """The SSD tier against the raw disk, with a store of its own (an SSD tier, demoting all)."""
+    from kvstore.bench import tiers
+
+    block = 16 << 20 if ctx.options.tiers_size >= 64 << 20 else 1 << 20
+    transports = tuple(t for t in ctx.transports if t in ("shm", "tcp"))
+    ctx.results.tiers.append(tiers.measure_tiers(ctx.options.tiers_dir, ctx.options.tiers_size, block,
+                                                 transports, progress))
 
 
 @section("metamem", needs_store=False)

@@ -117,7 +117,7 @@ def measure_tiers(directory: str | None, total: int, block: int, transports: tup
     """Demote `total` bytes in blocks of `block` to SSD in `directory`, then read them back cold."""
     with tempfile.TemporaryDirectory(dir=directory, prefix="kvstore-bench-tiers-") as tmp:
         ssd_dir = Path(tmp) / "ssd"
-        progress(f"bench: raw disk ceiling in {tmp} ({total >> 20} MiB)")
+        progress(f"raw disk ceiling in {tmp} ({total >> 20} MiB)")
         disk = raw_disk_ceiling(tmp, total)
         n = max(1, total // block)
         dram = max(2 * total, 256 << 20)
@@ -126,27 +126,27 @@ def measure_tiers(directory: str | None, total: int, block: int, transports: tup
             data = np.random.default_rng(0).integers(0, 256, block, dtype=np.uint8)
             keys = [f"bench-tiers/{i}" for i in range(n)]
             with KVClient(store.meta_address, ClientConfig(timeout_s=120)) as client:
-                progress(f"bench: warm-up: {n} x {block >> 20} MiB through DRAM to SSD")
+                progress(f"warm-up: {n} x {block >> 20} MiB through DRAM to SSD")
                 _put_and_demote(client, [f"warm/{i}" for i in range(n)], data)
                 client.remove_many([f"warm/{i}" for i in range(n)], force=True)
-                progress(f"bench: demoting {n} x {block >> 20} MiB to SSD")
+                progress(f"demoting {n} x {block >> 20} MiB to SSD")
                 demote = n * block / _put_and_demote(client, keys, data) / 1e9
                 reads: dict[str, float] = {}
                 out = [np.empty(block, np.uint8) for _ in range(min(n, 8))]
                 # This disk reads a file faster the second time it is read cold (a cache below the
                 # guest): take the best of two passes of each, interleaved, so order favours none.
                 for _ in range(2):
-                    progress("bench: cold raw read of the SSD segment files")
+                    progress("cold raw read of the SSD segment files")
                     _best(reads, "raw file", _raw_file_read(ssd_dir, n * block, out[0]))
                     for transport in transports:
-                        progress(f"bench: cold SSD reads via {transport}")
+                        progress(f"cold SSD reads via {transport}")
                         _best(reads, transport, _tier_read(store.meta_address, transport, keys, out, ssd_dir))
         return TierResult(disk, block, n, demote, reads)
 
 
 def report(result: TierResult) -> str:
     d = result.disk
-    lines = ["== SSD tier (bench --tiers) ==",
+    lines = ["== SSD tier (demotion and cold reads, against the raw disk in this run) ==",
              f"raw disk, {d.size >> 20} MiB: write O_DIRECT {_fmt(d.direct_write_gbps)} / buffered "
              f"{_fmt(d.buffered_write_gbps)} GB/s; cold read O_DIRECT {_fmt(d.direct_read_gbps)} / buffered "
              f"{_fmt(d.buffered_read_gbps)} GB/s",
@@ -162,4 +162,4 @@ def _fmt(value: float | None) -> str:
 
 
 if __name__ == "__main__":
-    print(report(measure_tiers(None, 512 << 20, 16 << 20, ("shm", "tcp"))))
+    print(report(measure_tiers(None, 512 << 20, 16 << 20, ("shm", "tcp"), lambda m: print("bench:", m))))

@@ -101,3 +101,13 @@ def test_comparison_ratios_and_targets_from_known_numbers():
     gone = Results(baselines=[Baseline("mooncake", "mooncake-store", "three processes", unavailable="setup failed")])
     assert "mooncake: unavailable: setup failed" in render(gone)
     assert not any("vs mooncake-store" in c.name for c in targets(gone))
+
+
+def test_tiers_section_reports_against_the_raw_disk(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "kvstore.cli", "bench", "--quick", "--tiers", "--sections", "tiers",
+                          "--tiers-dir", str(tmp_path), "--tiers-size", "64MiB"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SSD tier" in out.stdout and "raw O_DIRECT write" in out.stdout
+    assert "demotion (SSD write)" in out.stdout and "SSD read via shm" in out.stdout
+    assert not list(tmp_path.iterdir())          # its files are cleaned up
