@@ -162,6 +162,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return runner.main(args)
 
 
+# Engine-side commands live in kvstore.engines; each module declares its own flags. They are
+# imported only when their command runs (the reference engine pulls in torch).
+_ENGINE_COMMANDS = {
+    "engine": ("kvstore.engines.reference.cli", "a reference-engine instance: prefill, decode or colocated"),
+    "route": ("kvstore.engines.router.cli", "the PD router: OpenAI-compatible front end over engine instances"),
+    "demo": ("kvstore.engines.demo", "store + router + prefill/decode/colocated instances, a workload, TTFT/TPOT"),
+    "plan": ("kvstore.engines.plan", "capacity planner: KV bytes per token/request, instances needed"),
+}
+
+
+def cmd_engine_module(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(_ENGINE_COMMANDS[args.command][0])
+    parser = argparse.ArgumentParser(prog=f"kvstore {args.command}",
+                                     description=_ENGINE_COMMANDS[args.command][1])
+    module.add_arguments(parser)
+    return module.run(parser.parse_args(args.rest))
+
+
 def _size(text: str) -> int:
     from kvstore.config import parse_size
 
@@ -236,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from kvstore.bench import add_arguments as bench_arguments   # flags only; the bench itself loads lazily
 
+    for name, (_, summary) in _ENGINE_COMMANDS.items():
+        sp = sub.add_parser(name, help=summary, add_help=False)
+        sp.set_defaults(fn=cmd_engine_module, rest=[])
+
     sp = sub.add_parser("bench", help="measure throughput, latency and metadata cost against this host's ceilings")
     bench_arguments(sp)
     sp.set_defaults(fn=cmd_bench)
@@ -243,8 +267,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _split_engine_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(what kvstore's parser reads, the engine command's own arguments or None)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] or argv[i] in ("-h", "--help") else 2   # global flags take a value
+    if i < len(argv) and argv[i] in _ENGINE_COMMANDS:
+        return argv[:i + 1], argv[i + 1:]
+    return argv, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head, rest = _split_engine_command(argv)
+    args = build_parser().parse_args(head)
+    if rest is not None:
+        args.rest = rest                        # the engine module parses its own flags
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)

@@ -1,0 +1,185 @@
+"""A reference engine instance behind an OpenAI-style HTTP API (`kvstore engine`).
+
+    POST /v1/completions   {"prompt": str | [ids], "max_tokens", "stream", "kv_transfer_params"}
+    GET  /kvstore/info     block size, key scheme and KV size: what a router needs
+    GET  /load             queue depth and queued prompt tokens
+    GET  /metrics          Prometheus text (per-request histograms, fallbacks)
+    POST /admin/faults     {"load_failure_rate": 0.5, "seed": 1}: fail KV loads on purpose
+
+Responses carry two extensions: `kv_transfer_params` (a prefill instance's word on what it
+stored) and `kvstore` (the request's metrics, so a router can keep link and compute time apart).
+Requests run one at a time on a worker thread; the event loop only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from kvstore.engines.metrics import MetricsSink
+from kvstore.engines.reference.engine import Generation, GenerationRequest, InvalidRequest, ReferenceEngine
+from kvstore.engines.serving import SSE_DONE, sse
+from kvstore.engines.tokenizer import ByteTokenizer
+
+_STOP = object()
+
+
+class EngineWorker:
+    """Feeds requests to the engine one at a time, in arrival order, on its own thread."""
+
+    def __init__(self, engine: ReferenceEngine, sink: MetricsSink) -> None:
+        self.engine = engine
+        self.sink = sink
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._queued_tokens = 0
+        self._running = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    def load(self) -> dict[str, int]:
+        with self._lock:
+            return {"queue_depth": self._queue.qsize(), "queued_tokens": self._queued_tokens,
+                    "running": self._running}
+
+    def submit(self, req: GenerationRequest) -> asyncio.Queue:
+        """Queue `req`; the returned queue gets ("token", id)..., then ("done", Generation) or
+        ("error", message)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._queued_tokens += len(req.prompt)
+        self._queue.put((req, loop, events))
+        return events
+
+    def stop(self) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not _STOP:
+            req, loop, events = item
+            with self._lock:
+                self._queued_tokens -= len(req.prompt)
+                self._running = 1
+
+            def emit(event: tuple) -> None:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+
+            try:
+                gen = self.engine.generate(req, lambda t: emit(("token", t)))
+                self.sink.observe(gen.metrics)
+                emit(("done", gen))
+            except Exception as exc:            # the request fails, the instance keeps serving
+                emit(("error", f"{type(exc).__name__}: {exc}"))
+            finally:
+                with self._lock:
+                    self._running = 0
+
+
+def _completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex[:24]}"
+
+
+def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
+    tokenizer = ByteTokenizer()
+    worker: EngineWorker | None = None
+    model_name = engine.model.config.name
+
+    def chunk(rid: str, created: int, text: str, ids: list[int], finish: str | None,
+              **extra: Any) -> dict[str, Any]:
+        return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                "choices": [{"index": 0, "text": text, "token_ids": ids, "finish_reason": finish}], **extra}
+
+    def trailer(gen: Generation) -> dict[str, Any]:
+        usage = {"prompt_tokens": gen.metrics.prompt_tokens, "completion_tokens": len(gen.tokens),
+                 "total_tokens": gen.metrics.prompt_tokens + len(gen.tokens)}
+        return {"usage": usage, "kv_transfer_params": gen.kv_transfer_params, "kvstore": asdict(gen.metrics)}
+
+    async def completions(request: Request) -> Response:
+        try:
+            body = await request.json()
+            prompt = tokenizer.prompt_ids(body.get("prompt", ""))
+            params = body.get("kv_transfer_params") or {}
+            req = GenerationRequest(request.headers.get("x-request-id") or _completion_id(), prompt,
+                                    int(body.get("max_tokens", 16)),
+                                    int(params.get("expected_cached_tokens", 0)))
+            engine.validate(req)
+        except (ValueError, TypeError, InvalidRequest) as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
+        events = worker.submit(req)
+        created = int(time.time())
+        if body.get("stream"):
+            async def stream():
+                while True:
+                    kind, value = await events.get()
+                    if kind == "token":
+                        yield sse(chunk(req.request_id, created, tokenizer.decode([value]), [value], None))
+                    elif kind == "done":
+                        yield sse(chunk(req.request_id, created, "", [], "length", **trailer(value)))
+                        break
+                    else:
+                        yield sse({"error": {"message": value, "type": "engine_error"}})
+                        break
+                yield SSE_DONE
+            return StreamingResponse(stream(), media_type="text/event-stream")
+        while True:
+            kind, value = await events.get()
+            if kind == "done":
+                return JSONResponse(chunk(req.request_id, created, tokenizer.decode(value.tokens),
+                                          value.tokens, "length", **trailer(value)))
+            if kind == "error":
+                return JSONResponse({"error": {"message": value, "type": "engine_error"}}, 500)
+
+    async def info(_: Request) -> Response:
+        return JSONResponse(engine.info())
+
+    async def load(_: Request) -> Response:
+        return JSONResponse(worker.load())
+
+    async def metrics(_: Request) -> Response:
+        return Response(sink.exposition(), media_type="text/plain; version=0.0.4")
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model"}]})
+
+    async def faults(request: Request) -> Response:
+        if engine.connector is None:
+            return JSONResponse({"error": {"message": "this instance has no store"}}, 400)
+        body = await request.json()
+        try:
+            engine.connector.faults.configure(float(body.get("load_failure_rate", 0.0)), int(body.get("seed", 0)))
+        except ValueError as exc:
+            return JSONResponse({"error": {"message": str(exc)}}, 400)
+        return JSONResponse({"load_failure_rate": engine.connector.faults.load_failure_rate})
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        nonlocal worker
+        worker = EngineWorker(engine, sink)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+            engine.close()
+
+    return Starlette(routes=[
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models), Route("/kvstore/info", info), Route("/load", load),
+        Route("/metrics", metrics), Route("/health", health),
+        Route("/admin/faults", faults, methods=["POST"]),
+    ], lifespan=lifespan)

@@ -1,0 +1,91 @@
+"""The router's HTTP endpoints.
+
+    POST /v1/completions   OpenAI completions (stream or not), routed per request
+    GET  /metrics          Prometheus text: per-route TTFT/TPOT/queue/compute/transfer, fallbacks
+    GET  /router/state     the policy, measured bandwidth and prefill rate, per-instance load
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, AsyncIterator, Callable
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route as HttpRoute
+
+from kvstore.engines.router.proxy import Router
+from kvstore.engines.serving import SSE_DONE, sse
+
+
+def build_app(make_router: Callable[[httpx.AsyncClient], Any], timeout_s: float) -> Starlette:
+    """`make_router(http)` is awaited at startup (it discovers the instances)."""
+    router: Router | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        nonlocal router
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits) as http:
+            router = await make_router(http)
+            yield
+
+    async def completions(request: Request) -> Response:
+        try:
+            body = await request.json()
+            stream = router.complete(body)
+            first = await anext(stream)
+        except (ValueError, TypeError) as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
+        except Exception as exc:
+            return JSONResponse({"error": {"message": f"no instance could serve the request: {exc}",
+                                           "type": "upstream_error"}}, 502)
+        if body.get("stream"):
+            async def events() -> AsyncIterator[bytes]:
+                yield sse(first)
+                try:
+                    async for event in stream:
+                        yield sse(event)
+                except Exception as exc:
+                    yield sse({"error": {"message": str(exc), "type": "upstream_error"}})
+                yield SSE_DONE
+            return StreamingResponse(events(), media_type="text/event-stream")
+        ids: list[int] = []
+        text: list[str] = []
+        last = first
+        try:
+            async for event in _chain(first, stream):
+                ids += event["choices"][0]["token_ids"]
+                text.append(event["choices"][0]["text"])
+                last = event
+        except Exception as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "upstream_error"}}, 502)
+        last["choices"][0].update(text="".join(text), token_ids=ids)
+        return JSONResponse(last)
+
+    async def metrics(_: Request) -> Response:
+        return Response(router.sink.exposition(), media_type="text/plain; version=0.0.4")
+
+    async def state(_: Request) -> Response:
+        return JSONResponse({
+            "policy": router.policy.name, "bandwidth_bytes_per_s": router.telemetry.bandwidth(),
+            "prefill_tokens_per_s": router.telemetry.prefill_tps(), "fallbacks": router.sink.fallbacks(),
+            "loads": {u: {"requests": lo.requests, "tokens": lo.tokens} for u, lo in router.loads().items()},
+            "time": time.time()})
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(routes=[
+        HttpRoute("/v1/completions", completions, methods=["POST"]),
+        HttpRoute("/metrics", metrics), HttpRoute("/router/state", state), HttpRoute("/health", health),
+    ], lifespan=lifespan)
+
+
+async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item

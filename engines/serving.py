@@ -1,0 +1,49 @@
+"""HTTP plumbing shared by engine instances, the router and the demo: run an ASGI app on a port
+(0 = any) and announce it once it accepts connections; OpenAI-style server-sent events."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, AsyncIterator, Callable
+
+import uvicorn
+
+log = logging.getLogger("kvstore.engines")
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class _AnnouncingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str], None]) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            self._on_ready(f"http://{host}:{port}")
+
+
+def run_http(app: Any, host: str, port: int, on_ready: Callable[[str], None]) -> None:
+    """Serve `app` until SIGINT/SIGTERM; `on_ready(url)` runs once the socket is listening
+    (processes print their readiness line there, so parents never sleep)."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=5)
+    _AnnouncingServer(config, on_ready).run()
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of an SSE stream (as from httpx's `aiter_lines`), up to `[DONE]`."""
+    async for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
