@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 STAMP=.venv/.kvstore-setup
-want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+want="$(sha256sum pyproject.toml scripts/setup.sh scripts/install_vllm.sh | sha256sum | cut -c1-16)"
 if [[ -f $STAMP && $(cat $STAMP) == "$want" ]]; then
   exit 0
 fi
@@ -21,10 +21,24 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+pip_install() {   # quiet when it works; its whole log, and a failed setup, when it does not
+  local log
+  log=$(mktemp)
+  if ! .venv/bin/python -m pip install -q "$@" >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" >&2
+    rm -f "$log"
+    echo "setup: pip install $* failed" >&2
+    exit 1
+  fi
+  rm -f "$log"
+}
+
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+pip_install --upgrade pip
 # torch is pinned: 2.13.0 is the CPU build this machine has locally; unpinned pulls a CUDA build.
-.venv/bin/python -m pip install -q -e ".[dev,torch,engines,mooncake,ucx]" 2>&1 | grep -v "^WARNING: Location" || true
+pip_install -e ".[dev,torch,engines,mooncake,ucx]"
+# vLLM's CPU build for the vLLM connector's end-to-end tests (and SGLang's wheel, unpacked).
+bash scripts/install_vllm.sh
 .venv/bin/python -c "import kvstore.client, grpc, numpy, xxhash" \
   || { echo "setup: kvstore does not import after install" >&2; exit 1; }
 echo "$want" > $STAMP

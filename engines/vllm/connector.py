@@ -1,0 +1,183 @@
+"""KVStoreConnector: vLLM's v1 KV connector API over kvstore.
+
+Loaded by vLLM like any out-of-tree connector:
+
+    --kv-transfer-config '{"kv_connector": "KVStoreConnector",
+                           "kv_connector_module_path": "kvstore.engines.vllm",
+                           "kv_role": "kv_producer" | "kv_consumer" | "kv_both",
+                           "kv_load_failure_policy": "recompute",
+                           "kv_connector_extra_config": {"meta": "127.0.0.1:50051"}}'
+
+vLLM builds it twice: in the scheduler (role SCHEDULER, `SchedulerSide`) and in each worker
+(role WORKER, `WorkerSide`). Roles: kv_producer saves (and loads a cached prefix), kv_consumer
+only loads, kv_both does both (prefix reuse across requests and restarts). Each worker names its
+blocks from the cache tensors it is given and reports that naming to the scheduler through vLLM's
+handshake metadata, so both sides use identical keys.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorHandshakeMetadata,
+                                                                KVConnectorMetadata, KVConnectorRole)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvstore.engines.vllm.config import ConnectorConfig
+from kvstore.engines.vllm.metadata import NamingHandshake, StepMetadata, TransferPromMetrics, TransferStats
+from kvstore.engines.vllm.scheduler import SchedulerSide
+from kvstore.engines.vllm.worker import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+# Connectors alive in this process, by role: in-process vLLM (tests, benchmarks) reads their stats.
+LIVE: "weakref.WeakValueDictionary[str, KVStoreConnector]" = weakref.WeakValueDictionary()
+
+
+class KVStoreConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig") -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        ktc = self._kv_transfer_config
+        model = vllm_config.model_config
+        self.config = ConnectorConfig.from_extra(ktc.kv_connector_extra_config,
+                                                 _served_name(model.served_model_name) or model.model)
+        groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
+        if len(groups) > 1:
+            raise ValueError("kvstore connector: models with several KV cache groups (hybrid attention) "
+                             "are not supported")
+        self.block_size = (groups[0].kv_cache_spec.block_size if groups
+                           else vllm_config.cache_config.block_size)
+        self.scheduler: SchedulerSide | None = None
+        self.worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            # Every role loads what kvstore holds; producers (kv_producer, kv_both) also save.
+            self.scheduler = SchedulerSide(self.config, self.block_size, load=True, save=ktc.is_kv_producer)
+        else:
+            self.worker = WorkerSide(self.config, self.block_size, kv_cache_config.num_blocks,
+                                     _layout_suffix(vllm_config))
+        LIVE[role.name.lower()] = self
+
+    # -- worker side -----------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.worker.register(kv_caches, self.config.model_id)
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        return self.worker.handshake if self.worker is not None else None
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        idle = forward_context is None or getattr(forward_context, "attn_metadata", None) is None
+        self.worker.start_loads(self._meta(), idle)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return              # loads finish before the forward (sync) or between steps (async)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        self.worker.save_layer(self._meta(), layer_name)
+
+    def wait_for_save(self) -> None:
+        self.worker.end_step(self._meta())
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if isinstance(kv_connector_metadata, StepMetadata) and kv_connector_metadata.preempted:
+            self.worker.drain_saves()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self.worker.finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.load_errors()
+
+    def get_kv_connector_stats(self) -> TransferStats | None:
+        return self.worker.take_interval_stats() if self.worker is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TransferStats:
+        return TransferStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> TransferPromMetrics:
+        return TransferPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        for side in (self.worker, self.scheduler):
+            if side is not None:
+                side.close()
+
+    def _meta(self) -> StepMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, StepMetadata)
+        return meta
+
+    # -- scheduler side --------------------------------------------------------------------------
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        self.scheduler.set_naming({r: m for r, m in metadata.items() if isinstance(m, NamingHandshake)})
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self.scheduler.num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        if num_external_tokens > 0:
+            self.scheduler.after_alloc(request, blocks.get_block_ids()[0], num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        manager = self._kv_cache_manager
+        return self.scheduler.build_meta(scheduler_output, lambda req_id: manager.get_block_ids(req_id)[0])
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        self.scheduler.load_errors(connector_output.invalid_block_ids or set())
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler.finished(request)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False        # a dropped save is a later cache miss, never a lost request
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
+        return None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        return extra_config.get("granularity", "layer") == "layer"
+
+
+def _served_name(name: Any) -> str:
+    if isinstance(name, (list, tuple)):
+        return name[0] if name else ""
+    return name or ""
+
+
+def _layout_suffix(vllm_config: "VllmConfig") -> str:
+    """What else decides the bytes of a block besides the tensor shapes: the device kind and vLLM
+    version (the attention kernel's in-block layout), and this worker's tensor/pipeline shard."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    par = vllm_config.parallel_config
+    tp_rank = pp_rank = 0
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        tp_rank, pp_rank = get_tp_group().rank_in_group, get_pp_group().rank_in_group
+    except (AssertionError, AttributeError, ImportError):
+        pass
+    version = ".".join(vllm.__version__.split(".")[:2])
+    return (f"{current_platform.device_type}-vllm{version}-tp{tp_rank}of{par.tensor_parallel_size}"
+            f"-pp{pp_rank}of{par.pipeline_parallel_size}")

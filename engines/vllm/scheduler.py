@@ -1,0 +1,229 @@
+"""The connector's scheduler side: how much of each prompt kvstore holds, which blocks to load and
+to save each step, and when a finished request's blocks may be freed.
+
+One `match_prefix` per lookup over the request's block keys. Only full prompt blocks are named (the
+chained hashes of kvstore.engines.keys). A synchronous load never claims the prompt's last token,
+which vLLM must compute to sample; after an asynchronous load vLLM recomputes that one token itself. A failed lookup is a miss, and lookups pause for `lookup_backoff_s` so a
+store that is down costs each request nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstore.client import KVClient, KVStoreError
+from kvstore.config import ClientConfig
+from kvstore.engines.keys import KeyScheme
+from kvstore.engines.vllm.config import ConnectorConfig
+from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata
+
+log = logging.getLogger("vllm.kvstore.scheduler")
+
+# A decode instance told by a prefill that blocks are coming re-asks at most this often.
+_REMOTE_POLL_S = 0.005
+
+
+@dataclass
+class _Tracked:
+    """A request the connector has seen. Blocks [0, stored) are known to be in kvstore (found by a
+    lookup); blocks [0, dispatched) have been handed to the workers to save or were stored."""
+
+    request: Any
+    hashes: list[bytes]
+    stored: int = 0
+    dispatched: int = 0
+    local_tokens: int = 0           # vLLM's own prefix hit when the connector was last asked
+    saving: bool = False            # some save was dispatched for it
+    loading: frozenset[int] = frozenset()   # block ids of its last load
+    load_failed: bool = False       # a load failed: recompute from now on, never load again
+    first_ask: float = field(default_factory=time.monotonic)
+    last_ask: float = 0.0
+
+
+class SchedulerSide:
+    def __init__(self, config: ConnectorConfig, block_size: int, load: bool, save: bool,
+                 client: Any | None = None) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.load_enabled = load
+        self.save_enabled = save
+        # Hashes depend only on the seed and block size, so they can be computed before the
+        # workers report how they lay out blocks; keys need that layout (`naming`).
+        self._hashing = KeyScheme(model=config.model_id, layout="-", block_size=block_size,
+                                  tenant=config.tenant, seed=config.hash_seed)
+        self.scheme: KeyScheme | None = None
+        self.parts: list[int] | None = None
+        self._client = client
+        self._requests: dict[str, _Tracked] = {}
+        self._loads: list[LoadJob] = []
+        self._skip_lookups_until = 0.0
+        self.stats = {"lookups": 0, "lookup_failures": 0, "hit_tokens": 0, "hit_requests": 0,
+                      "saved_blocks_dispatched": 0}
+
+    # -- naming --------------------------------------------------------------------------------
+
+    def set_naming(self, by_rank: dict[int, NamingHandshake]) -> None:
+        """Take rank 0's block naming (each rank keys its own shard; a lookup checks rank 0's)."""
+        if not by_rank:
+            return
+        first = by_rank[min(by_rank)]
+        if first.block_size != self.block_size or first.seed != self.config.hash_seed:
+            raise ValueError(f"kvstore connector: worker names blocks with block_size={first.block_size} "
+                             f"seed={first.seed}; the scheduler uses {self.block_size}/{self.config.hash_seed}")
+        self.scheme = KeyScheme(model=first.model, layout=first.layout, block_size=first.block_size,
+                                tenant=first.tenant, seed=first.seed)
+        if self.scheme.fingerprint != first.fingerprint:
+            raise ValueError("kvstore connector: scheduler and worker disagree on the key scheme "
+                             f"({self.scheme.fingerprint} != {first.fingerprint})")
+        self.parts = first.parts
+        log.info("kvstore: blocks named %s (%d objects a block, %d bytes a block, fingerprint %s)",
+                 self.scheme.namespace, len(self.parts or [None]), first.block_nbytes, first.fingerprint)
+
+    def client(self) -> KVClient:
+        if self._client is None:
+            self._client = KVClient(self.config.meta, ClientConfig(timeout_s=self.config.lookup_timeout_s,
+                                                                   transports=self.config.transports))
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def _track(self, request: Any) -> _Tracked:
+        t = self._requests.get(request.request_id)
+        if t is None:
+            t = self._requests[request.request_id] = _Tracked(request, self._hashes(request))
+        return t
+
+    def _hashes(self, request: Any) -> list[bytes]:
+        tokens = request.prompt_token_ids
+        if tokens is None or getattr(request, "mm_features", None):
+            return []               # prompt embeddings / images: their KV is not named by tokens
+        return self._hashing.block_hashes(tokens, _extra_key(request))
+
+    def _stored_blocks(self, hashes: list[bytes]) -> int:
+        if not hashes or self.scheme is None or time.monotonic() < self._skip_lookups_until:
+            return 0
+        self.stats["lookups"] += 1
+        keys = self.scheme.object_keys(hashes, self.parts)
+        try:
+            found = self.client().match_prefix(keys)
+        except KVStoreError as exc:
+            self.stats["lookup_failures"] += 1
+            self._skip_lookups_until = time.monotonic() + self.config.lookup_backoff_s
+            log.warning("kvstore: lookup failed (%s: %s); treating requests as uncached for %.1fs",
+                        type(exc).__name__, exc, self.config.lookup_backoff_s)
+            return 0
+        return found // len(self.parts or [None])
+
+    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if not self.load_enabled:
+            return 0, False
+        t = self._track(request)
+        if t.load_failed:
+            return 0, False
+        cap = len(t.hashes)
+        if not self.config.load_async:
+            # A load before the forward must leave the last prompt token to compute; after an async
+            # load vLLM itself recomputes just that token, so every full block can be loaded.
+            cap = min(cap, (request.num_prompt_tokens - 1) // self.block_size)
+        if cap * self.block_size <= num_computed_tokens:
+            return 0, False
+        now = time.monotonic()
+        promised = min(int(_params(request).get("kvstore_blocks", 0)), cap)
+        if promised and now - t.last_ask < _REMOTE_POLL_S and now - t.first_ask < self.config.remote_save_wait_s:
+            return None, False
+        t.last_ask = now
+        stored = self._stored_blocks(t.hashes[:cap])
+        if stored < promised and now - t.first_ask < self.config.remote_save_wait_s:
+            return None, False      # the prefill's saves are still landing: ask again next step
+        t.stored = max(t.stored, stored)
+        t.local_tokens = num_computed_tokens
+        external = stored * self.block_size - num_computed_tokens
+        if external <= 0:
+            return 0, False
+        return external, self.config.load_async
+
+    def after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
+        if num_external_tokens <= 0:
+            return
+        t = self._track(request)
+        first = t.local_tokens // self.block_size
+        last = first + num_external_tokens // self.block_size
+        job = LoadJob(request.request_id, tuple(t.hashes[first:last]), tuple(block_ids[first:last]),
+                      self.config.load_async)
+        self._loads.append(job)
+        t.loading = frozenset(job.block_ids)
+        self.stats["hit_requests"] += 1
+        self.stats["hit_tokens"] += num_external_tokens
+
+    def load_errors(self, invalid_block_ids: set[int]) -> None:
+        """Workers reported these blocks as not loaded: their requests recompute, and are not
+        offered a load again (the blocks are still listed, so a retry would fail the same way)."""
+        if not invalid_block_ids:
+            return
+        for req_id, t in self._requests.items():
+            if t.loading & invalid_block_ids:
+                t.load_failed = True
+                log.info("kvstore: request %s recomputes the blocks it could not load", req_id)
+
+    # -- per step ------------------------------------------------------------------------------
+
+    def build_meta(self, scheduler_output: Any, block_ids_of: Any) -> StepMetadata:
+        """The step's loads (from after_alloc) and saves: every full prompt block that this step
+        completes and kvstore does not already hold. `block_ids_of(req_id)` is the request's
+        block table."""
+        meta = StepMetadata(loads=self._loads, preempted=set(scheduler_output.preempted_req_ids or ()))
+        self._loads = []
+        if not self.save_enabled:
+            return meta
+        cached = scheduler_output.scheduled_cached_reqs
+        computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        for req_id, before in computed.items():
+            t = self._requests.get(req_id)
+            if t is None or not t.hashes:
+                continue
+            done = min(len(t.hashes), (before + scheduler_output.num_scheduled_tokens.get(req_id, 0))
+                       // self.block_size)
+            start = max(t.dispatched, t.stored)
+            if done <= start:
+                continue
+            ids = block_ids_of(req_id)[start:done]
+            meta.saves.append(BlockJob(req_id, tuple(t.hashes[start:done]), tuple(ids)))
+            t.dispatched = done
+            t.saving = True
+            self.stats["saved_blocks_dispatched"] += done - start
+        return meta
+
+    def finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
+        """(hold the blocks until the workers ack the saves, kv_transfer_params for the response)."""
+        t = self._requests.pop(request.request_id, None)
+        if t is None or not self.save_enabled:
+            return False, None
+        params = {"kvstore_blocks": max(t.dispatched, t.stored), "kvstore_block_size": self.block_size}
+        if self.scheme is not None:
+            params["kvstore_fingerprint"] = self.scheme.fingerprint
+        return self.config.save_async and t.saving, params
+
+
+def _params(request: Any) -> dict[str, Any]:
+    return getattr(request, "kv_transfer_params", None) or {}
+
+
+def _extra_key(request: Any) -> bytes:
+    """What else decides a block's KV besides its tokens: the LoRA adapter and the cache salt."""
+    parts = []
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        parts.append(f"lora={lora.lora_name}")
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts.append(f"salt={salt}")
+    return "|".join(parts).encode()

@@ -1,0 +1,82 @@
+"""Start `tests.vllm.instance` processes and talk to them: one JSON command, one JSON answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Instance:
+    def __init__(self, name: str, settings: dict[str, Any], timeout: float = 180.0,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self._results: queue.Queue[str | None] = queue.Queue()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "tests.vllm.instance", json.dumps(settings)], cwd=REPO,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                 "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+        threading.Thread(target=self._pump, name=f"pump-{name}", daemon=True).start()
+        self._wait("kvstore ready:", timeout)
+
+    def _pump(self) -> None:
+        for line in self.popen.stdout:
+            self.lines.append(line)
+            if line.startswith("RESULT ") or line.startswith("kvstore ready:"):
+                self._results.put(line)
+        self._results.put(None)
+
+    def _wait(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.kill()
+                raise TimeoutError(f"{self.name}: no {prefix!r} in {timeout}s:\n{self.log()[-6000:]}") from None
+            if line is None:
+                raise RuntimeError(f"{self.name} exited ({self.popen.wait()}):\n{self.log()[-6000:]}")
+            if line.startswith(prefix):
+                return line[len(prefix):]
+
+    def call(self, timeout: float = 180.0, **cmd: Any) -> dict[str, Any]:
+        self.popen.stdin.write(json.dumps(cmd) + "\n")
+        self.popen.stdin.flush()
+        return json.loads(self._wait("RESULT ", timeout))
+
+    def generate(self, prompts: list[list[int]], max_tokens: int = 16, timeout: float = 180.0,
+                 **kw: Any) -> dict[str, Any]:
+        return self.call(timeout, op="generate", prompts=prompts, max_tokens=max_tokens, **kw)
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.popen.poll() is None:
+            try:
+                self.popen.stdin.write('{"op": "exit"}\n')
+                self.popen.stdin.flush()
+                self.popen.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.kill()
+
+
+def kv_config(role: str, meta: str, **extra: Any) -> dict[str, Any]:
+    return {"kv_connector": "KVStoreConnector", "kv_connector_module_path": "kvstore.engines.vllm",
+            "kv_role": role, "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"meta": meta, **extra}}
