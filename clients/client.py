@@ -6,6 +6,7 @@ caller's buffers and the daemons' memory; the client never copies a value it can
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -17,21 +18,21 @@ from kvstore.client.metachannel import MetaChannel
 from kvstore.checksum import checksum
 from kvstore.config import ClientConfig
 from kvstore.errors import (ChecksumMismatch, ErrorCode, InvalidArgument, KVStoreError, TransportError,
-                            error_for)
+                            Unavailable, error_for)
 from kvstore.stats import StoreStats
 from kvstore.transport import registry
 from kvstore.transport.base import Transfer, Transport
 from kvstore.types import Grant, SegmentInfo, validate_key
 from kvstore.v1 import meta_pb2 as pb
 
+log = logging.getLogger(__name__)
 
 
 class KVClient:
     def __init__(self, meta_address: str, config: ClientConfig | None = None) -> None:
         self.meta_address = meta_address
         self.config = config or ClientConfig()
-        for name in self.config.transports:
-            registry.client_class(name)   # fail now, with the extra to install, not mid-transfer
+        self._preferred = _installed(self.config.transports)
         self._meta = MetaChannel(meta_address, self.config.timeout_s, self.config.fast_lane)
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
@@ -233,7 +234,7 @@ class KVClient:
                 todo[i] = self._rank_replicas([wire.grant_from_pb(g) for g in result.replicas], segments, reach)
                 if not todo[i]:
                     out[i] = TransportError(f"no replica of {keys[i]!r} is reachable over "
-                                            f"{', '.join(self.config.transports)}")
+                                            f"{', '.join(self._preferred)}")
                     del todo[i]
         deadline = time.monotonic() + self.config.timeout_s
         while todo:
@@ -291,25 +292,46 @@ class KVClient:
         return [(seg, g) for _, seg, g in ranked]
 
     def _preference(self, segment: SegmentInfo) -> int | None:
-        for rank, name in enumerate(self.config.transports):
+        for rank, name in enumerate(self._preferred):
             if segment.endpoint(name) is not None and self._transport(name).can_reach(segment):
                 return rank
         return None
 
     def _transport_for(self, segment: SegmentInfo) -> Transport:
-        for name in self.config.transports:
+        for name in self._preferred:
             if segment.endpoint(name) is not None and self._transport(name).can_reach(segment):
                 return self._transport(name)
         raise TransportError(f"segment {segment.segment_id} offers "
                              f"{[e.transport for e in segment.endpoints]}, none of which this client "
-                             f"can reach with {list(self.config.transports)}")
+                             f"can reach with {list(self._preferred)}")
 
     def _transport(self, name: str) -> Transport:
         with self._lock:
             transport = self._transports.get(name)
             if transport is None:
-                transport = self._transports[name] = registry.client_class(name)()
+                transport = self._transports[name] = registry.client_class(name).from_config(self.config)
             return transport
+
+
+def _installed(names: Sequence[str]) -> tuple[str, ...]:
+    """The transports of `names` whose libraries are installed, in order. A missing optional one
+    is skipped (logged once per process); Unavailable, naming the extras, if none is left."""
+    usable, missing = [], []
+    for name in names:
+        try:
+            registry.client_class(name)      # unknown names raise InvalidArgument here
+            usable.append(name)
+        except Unavailable as exc:
+            missing.append(exc)
+            if name not in _REPORTED_MISSING:
+                _REPORTED_MISSING.add(name)
+                log.info("transport %s skipped: %s", name, exc)
+    if not usable:
+        raise Unavailable("; ".join(str(e) for e in missing))
+    return tuple(usable)
+
+
+_REPORTED_MISSING: set[str] = set()
 
 
 def _validate(keys: Sequence[str]) -> None:

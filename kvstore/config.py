@@ -19,6 +19,10 @@ from typing import Any, Mapping, TypeVar
 from kvstore.errors import InvalidArgument
 
 DEFAULT_META_PORT = 50051
+# UCX over tcp only. Its shared-memory transports are 4-6x faster on one host (where kvstore's own shm
+# transport is preferred anyway) but a peer killed mid-transfer can wedge the survivor's UCX worker
+# (sysv, posix), or abort the survivor (cma): see kvstore/transport/ucx.py.
+DEFAULT_UCX_TLS = "tcp,self"
 # Used only when no secret is configured; kvstore warns loudly whenever it is in effect.
 INSECURE_DEV_SECRET = "kvstore-insecure-development-secret"
 
@@ -93,7 +97,13 @@ class DaemonConfig:
     segment_size: int = 256 << 20       # DRAM is offered as segments of this size
     shm_dir: str = "/dev/shm"
     heartbeat_interval_s: float = 2.0
+    # Opt in to mooncake and ucx (`--transports shm,mooncake,ucx,tcp`): each is served if its library
+    # is installed. Not by default: Mooncake's engine listens on every interface and cannot check
+    # grants (see README "Transports"), and UCX adds ~0.5 s to start-up.
     transports: tuple[str, ...] = ("shm", "tcp")
+    mooncake_protocol: str = "tcp"      # Mooncake Transfer Engine protocol: tcp, or rdma in production
+    mooncake_device: str = ""           # its device names, e.g. "mlx5_0,mlx5_1" for rdma
+    ucx_tls: str = DEFAULT_UCX_TLS
     ssd_dir: str = ""                   # empty: no SSD tier
     ssd_size: int = 4 << 30             # bytes of disk offered in ssd_dir
     ssd_segment_size: int = 1 << 30
@@ -109,6 +119,9 @@ class DaemonConfig:
         _require(self.segment_size > 0, "segment_size must be positive")
         _require(self.heartbeat_interval_s > 0, "heartbeat_interval_s must be positive")
         _require(0 <= self.tcp_port < 65536, f"tcp_port {self.tcp_port} out of range")
+        _require(len(self.transports) > 0, "at least one transport is needed")
+        _require(bool(self.mooncake_protocol), "mooncake_protocol must name a protocol (tcp, rdma)")
+        _require(bool(self.ucx_tls), "ucx_tls must name UCX transports (e.g. tcp,sysv,posix,self)")
 
     @property
     def segment_sizes(self) -> list[int]:
@@ -129,15 +142,19 @@ class ClientConfig:
     SECTION = "client"
 
     replica_num: int = 1
-    transports: tuple[str, ...] = ("shm", "tcp")   # preference order
+    # Preference order; those whose library is not installed are skipped.
+    transports: tuple[str, ...] = ("shm", "mooncake", "ucx", "tcp")
     timeout_s: float = 10.0                         # metadata RPCs and each data-plane transfer
     verify_checksums: bool = True
     fast_lane: bool = True                          # use the service's fast lane when it has one
+    mooncake_device: str = ""                       # rdma device names for this client's engine
+    ucx_tls: str = DEFAULT_UCX_TLS
 
     def __post_init__(self) -> None:
         _require(self.replica_num >= 1, "replica_num must be at least 1")
         _require(self.timeout_s > 0, "timeout_s must be positive")
         _require(len(self.transports) > 0, "at least one transport is needed")
+        _require(bool(self.ucx_tls), "ucx_tls must name UCX transports (e.g. tcp,sysv,posix,self)")
 
 
 def resolve_secret(configured: str) -> tuple[bytes, bool]:

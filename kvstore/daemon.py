@@ -84,10 +84,7 @@ class StorageDaemon:
 
                 seg = GpuSegment(f"{self.daemon_id}-gpu0", self.config.gpu_size, self.config.gpu_device)
                 self._segments[seg.segment_id] = seg
-            for name in self.config.transports:
-                server = registry.server_class(name)(self._checker, self.config)
-                server.start()
-                self._servers.append(server)
+            self._start_servers()
             self._mount_all(time.monotonic() + mount_timeout_s)
         except BaseException:
             self._release()
@@ -98,8 +95,25 @@ class StorageDaemon:
                                     self.config.move_batch_bytes)
             self._mover.start()
         log.info("daemon %s serving %d segments (%d bytes) over %s", self.daemon_id, len(self._segments),
-                 sum(s.capacity for s in self._segments.values()), ", ".join(self.config.transports))
+                 sum(s.capacity for s in self._segments.values()), ", ".join(s.name for s in self._servers))
         return self
+
+    def _start_servers(self) -> None:
+        """Start each configured transport whose library is installed (an optional one that is
+        not is skipped with a warning naming its extra), and give it every segment."""
+        for name in self.config.transports:
+            try:
+                cls = registry.server_class(name)
+            except Unavailable as exc:
+                log.warning("not serving %s: %s", name, exc)
+                continue
+            server = cls(self._checker, self.config)
+            server.start()
+            self._servers.append(server)          # stopped by _release() if anything below fails
+            for seg in self._segments.values():
+                server.add_segment(seg)
+        if not self._servers:
+            raise Unavailable(f"none of the transports {', '.join(self.config.transports)} can be served here")
 
     def endpoints(self) -> dict[str, str]:
         """transport name -> address of one of its endpoints, for humans."""

@@ -97,6 +97,10 @@ class FastLaneServer:
         with self._lock:
             self._stopped = True
             conns = list(self._conns)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)   # wakes the accept(); close() alone does not
+        except OSError:
+            pass
         self._listener.close()
         for conn in conns:
             try:

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
+from kvstore.config import ClientConfig
 from kvstore.grant import GrantSigner
 from kvstore.storage.base import SegmentStorage
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo
@@ -32,6 +33,11 @@ class Transport(ABC):
     """Client side of one transport. Thread safe; holds connections/mappings for reuse."""
 
     name: ClassVar[str]
+
+    @classmethod
+    def from_config(cls, config: ClientConfig) -> "Transport":
+        """The transport as a client with `config` uses it (most need nothing from it)."""
+        return cls()
 
     def can_reach(self, segment: SegmentInfo) -> bool:
         """Whether this transport can reach `segment` from here (cheap; no I/O beyond a stat)."""
@@ -91,7 +97,8 @@ class TransportServer(ABC):
         """The endpoint clients use to reach `segment`, or None if this transport can't serve it."""
 
     def add_segment(self, segment: SegmentStorage) -> None:
-        """A segment was created after start (register its memory if the transport needs to)."""
+        """Serve `segment` (register its memory if the transport needs to). Called after start()
+        for every segment the daemon holds, before endpoint() is asked for it."""
 
     @abstractmethod
     def stop(self) -> None:

@@ -21,6 +21,8 @@ class _Entry:
 _TRANSPORTS: dict[str, _Entry] = {
     "shm": _Entry("kvstore.transport.shm", "ShmTransport", "ShmServer"),
     "tcp": _Entry("kvstore.transport.tcp", "TcpTransport", "TcpServer"),
+    "mooncake": _Entry("kvstore.transport.mooncake", "MooncakeTransport", "MooncakeServer", extra="mooncake"),
+    "ucx": _Entry("kvstore.transport.ucx", "UcxTransport", "UcxServer", extra="ucx"),
 }
 
 

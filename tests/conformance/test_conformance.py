@@ -12,7 +12,7 @@ from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ChecksumMismatch, KeyNotFound, TransportError
 from tests.cluster import wait_until
-from tests.conformance.conftest import FAST_LIVENESS
+from tests.conformance.conftest import FAST_LIVENESS, SERVE_ALL
 
 SIZES = [1, 7, 4096, 65_539, 1 << 20, (16 << 20) + 5, 64 << 20]
 
@@ -109,7 +109,7 @@ def test_corrupted_replica_is_detected(client, settle):
 
 def test_killed_daemon_fails_fast_and_restart_is_picked_up(cluster, transport):
     _, address = cluster.meta(FAST_LIVENESS)
-    daemon = cluster.daemon(address, "64MiB", FAST_LIVENESS)
+    daemon = cluster.daemon(address, "64MiB", FAST_LIVENESS, *SERVE_ALL)
     cfg = ClientConfig(transports=(transport,), timeout_s=3.0)
     with KVClient(address, cfg) as client:
         client.put("before", b"x" * 100_000)
@@ -119,7 +119,7 @@ def test_killed_daemon_fails_fast_and_restart_is_picked_up(cluster, transport):
             client.get("before")
         assert time.monotonic() - started < 2 * cfg.timeout_s   # failed, not hung
 
-        cluster.daemon(address, "64MiB", FAST_LIVENESS)
+        cluster.daemon(address, "64MiB", FAST_LIVENESS, *SERVE_ALL)
         wait_until(lambda: len(client.stats().daemons) == 1 and client.stats().keys == 0,
                    what="the dead daemon's segments to be dropped")
         with pytest.raises(KeyNotFound):

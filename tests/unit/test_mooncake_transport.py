@@ -1,0 +1,315 @@
+"""The mooncake transport against a real MooncakeServer (its own Transfer Engine): in this process
+for behaviour and the client's own checks, in a child process for a daemon that is killed or
+hung mid-call."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+if importlib.util.find_spec("mooncake") is None:
+    pytest.skip("the mooncake transport needs the mooncake extra: pip install 'kvstore[mooncake]'",
+                allow_module_level=True)
+
+from kvstore.checksum import checksum  # noqa: E402
+from kvstore.config import DaemonConfig  # noqa: E402
+from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
+from kvstore.grant import GrantSigner  # noqa: E402
+from kvstore.storage.base import SegmentStorage  # noqa: E402
+from kvstore.storage.dram import DramSegment  # noqa: E402
+from kvstore.transport import mooncake  # noqa: E402
+from kvstore.transport.base import GrantChecker, Transfer  # noqa: E402
+from kvstore.transport.mooncake import MooncakeServer, MooncakeTransport  # noqa: E402
+from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier  # noqa: E402
+
+CAPACITY = 32 << 20
+SECRET = b"0123456789abcdef-test-secret"
+
+
+def later_ms(seconds: float = 60.0) -> int:
+    return int((time.time() + seconds) * 1000)
+
+
+class BytesSegment(SegmentStorage):
+    tier = Tier.SSD
+
+    def __init__(self, segment_id: str, capacity: int) -> None:
+        self.segment_id, self.capacity = segment_id, capacity
+
+    def read_into(self, offset: int, dest: memoryview) -> None:
+        raise AssertionError("a one-sided transport never asks the daemon")
+
+    def write_from(self, offset: int, src: memoryview) -> None:
+        raise AssertionError("a one-sided transport never asks the daemon")
+
+    def close(self, remove: bool = True) -> None:
+        pass
+
+
+class Daemon:
+    def __init__(self, shm_dir: str) -> None:
+        self.signer = GrantSigner(SECRET)
+        self.dram = DramSegment("seg-dram", CAPACITY, shm_dir)
+        self.ssd = BytesSegment("seg-ssd", 1 << 20)
+        self.checker = GrantChecker(self.signer, {"seg-dram": self.dram, "seg-ssd": self.ssd}.get)
+        self.server = self.start_server()
+
+    def start_server(self) -> MooncakeServer:
+        server = MooncakeServer(self.checker, DaemonConfig())
+        server.start()
+        server.add_segment(self.dram)
+        server.add_segment(self.ssd)
+        return server
+
+    def info(self, capacity: int = CAPACITY) -> SegmentInfo:
+        return SegmentInfo("seg-dram", "d1", Tier.DRAM, capacity, (self.server.endpoint(self.dram),))
+
+    def grant(self, offset: int, length: int, mode: GrantMode, expires_ms: int | None = None) -> Grant:
+        return self.signer.sign("seg-dram", offset, length, mode, expires_ms or later_ms())
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory) -> Iterator[Daemon]:
+    """Shared by the tests that leave the daemon serving (an engine takes ~1 s to shut down)."""
+    d = Daemon(str(tmp_path_factory.mktemp("shm")))
+    yield d
+    d.server.stop()
+    d.dram.close()
+
+
+@pytest.fixture
+def own_daemon(tmp_path) -> Iterator[Daemon]:
+    d = Daemon(str(tmp_path))
+    yield d
+    d.server.stop()
+    d.dram.close()
+
+
+@pytest.fixture
+def client() -> Iterator[MooncakeTransport]:
+    c = MooncakeTransport()
+    yield c
+    c.close()
+
+
+def deadline(seconds: float = 10.0) -> float:
+    return time.monotonic() + seconds
+
+
+def put(daemon: Daemon, client: MooncakeTransport, offset: int, data: bytes) -> None:
+    transfer = Transfer(daemon.grant(offset, len(data), GrantMode.WRITE), memoryview(data))
+    assert client.write(daemon.info(), [transfer], deadline()) == [checksum(data)]
+
+
+def get(daemon: Daemon, client: MooncakeTransport, offset: int, length: int) -> bytes:
+    out = bytearray(length)
+    transfer = Transfer(daemon.grant(offset, length, GrantMode.READ), memoryview(out))
+    assert client.read(daemon.info(), [transfer], deadline()) == [checksum(out)]
+    return bytes(out)
+
+
+# --- behaviour -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [1, 100, 4096, 65537, 1 << 20, (8 << 20) + 3])
+def test_round_trip_is_byte_identical(daemon: Daemon, client: MooncakeTransport, size: int) -> None:
+    data = os.urandom(size)
+    put(daemon, client, 12345, data)
+    assert bytes(daemon.dram.view(12345, size)) == data
+    assert get(daemon, client, 12345, size) == data
+
+
+def test_batches_are_split_into_staging_rounds_and_engine_calls(daemon: Daemon, client: MooncakeTransport,
+                                                                monkeypatch) -> None:
+    monkeypatch.setattr(mooncake, "_STAGING", 1 << 20)       # rounds of 1 MiB ...
+    monkeypatch.setattr(mooncake, "_MAX_ENTRIES", 64)         # ... of at most 64 entries per call
+    blocks = [os.urandom(1 + i % 300) for i in range(1000)] + [os.urandom((3 << 20) + 5)]
+    offsets = [i * 512 for i in range(1000)] + [1 << 20]
+    info = daemon.info()
+    client.write(info, [Transfer(daemon.grant(o, len(b), GrantMode.WRITE), memoryview(b))
+                        for o, b in zip(offsets, blocks)], deadline())
+    outs = [bytearray(len(b)) for b in blocks]
+    digests = client.read(info, [Transfer(daemon.grant(o, len(b), GrantMode.READ), memoryview(out))
+                                 for o, b, out in zip(offsets, blocks, outs)], deadline())
+    assert [bytes(o) for o in outs] == blocks
+    assert digests == [checksum(b) for b in blocks]
+
+
+def test_eight_threads_share_one_transport(daemon: Daemon, client: MooncakeTransport) -> None:
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(20):
+                data = os.urandom(1000 + 9973 * i)
+                offset = n * (2 << 20) + i * 100_000
+                put(daemon, client, offset, data)
+                assert get(daemon, client, offset, len(data)) == data
+        except BaseException as exc:      # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_only_dram_segments_are_offered(daemon: Daemon) -> None:
+    ep = daemon.server.endpoint(daemon.dram)
+    protocol, base, session = ep.address.split("|")
+    assert protocol == "tcp" and int(base) > 0 and session.startswith("127.0.0.1:")
+    assert daemon.server.endpoint(daemon.ssd) is None
+
+
+def test_engine_refuses_memory_outside_the_segment(daemon: Daemon, client: MooncakeTransport) -> None:
+    """No grant check runs on the daemon; what bounds a peer is that only segment memory is
+    registered. A client that lies to itself about the capacity is refused by the engine."""
+    lying = daemon.info(capacity=CAPACITY + (1 << 20))
+    grant = daemon.grant(CAPACITY - 10, 100, GrantMode.READ)
+    with pytest.raises(TransportError):
+        client.read(lying, [Transfer(grant, memoryview(bytearray(100)))], deadline())
+    assert get(daemon, client, 0, 10) == bytes(daemon.dram.view(0, 10))     # and it serves on
+
+
+def test_client_confines_itself_to_its_grants(daemon: Daemon, client: MooncakeTransport) -> None:
+    info, read_grant = daemon.info(), daemon.grant(0, 10, GrantMode.READ)
+    for transfer in (Transfer(read_grant, memoryview(bytearray(9))),                    # wrong size
+                     Transfer(daemon.grant(0, 10, GrantMode.WRITE), memoryview(bytearray(10))),
+                     Transfer(read_grant, memoryview(bytes(10))),                       # read-only
+                     Transfer(read_grant, memoryview(bytearray(20))[::2]),              # strided
+                     Transfer(daemon.grant(CAPACITY - 5, 10, GrantMode.READ), memoryview(bytearray(10)))):
+        with pytest.raises(InvalidArgument):
+            client.read(info, [transfer], deadline())
+    expired = daemon.grant(0, 10, GrantMode.WRITE, expires_ms=later_ms(-1))
+    with pytest.raises(PermissionDenied, match="expired"):
+        client.write(info, [Transfer(expired, memoryview(bytes(10)))], deadline())
+
+
+def test_stopped_daemon_fails_fast_and_a_restart_is_reached(own_daemon: Daemon,
+                                                            client: MooncakeTransport) -> None:
+    daemon = own_daemon
+    put(daemon, client, 0, b"before")
+    old = daemon.info()
+    daemon.server.stop()                          # its engine and ports are gone
+    for _ in range(3):                            # every call fails at once, none waits
+        started = time.monotonic()
+        with pytest.raises(TransportError, match="stopped"):
+            client.read(old, [Transfer(daemon.grant(0, 6, GrantMode.READ), memoryview(bytearray(6)))],
+                        deadline())
+        assert time.monotonic() - started < 1.0
+    daemon.server = daemon.start_server()         # a new engine: a new session name
+    assert daemon.info().endpoints != old.endpoints
+    assert get(daemon, client, 0, 6) == b"before"
+
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    from kvstore.config import DaemonConfig
+    from kvstore.grant import GrantSigner
+    from kvstore.storage.dram import DramSegment
+    from kvstore.transport.base import GrantChecker
+    from kvstore.transport.mooncake import MooncakeServer
+    seg = DramSegment("seg-dram", {capacity}, sys.argv[1])
+    seg.view(0, {capacity})[:] = bytes(range(256)) * ({capacity} // 256)
+    server = MooncakeServer(GrantChecker(GrantSigner({secret!r}), {{"seg-dram": seg}}.get), DaemonConfig())
+    server.start()
+    server.add_segment(seg)
+    print(server.endpoint(seg).address, flush=True)
+    sys.stdin.read()
+""").format(capacity=CAPACITY, secret=SECRET)
+
+
+@pytest.fixture
+def child(tmp_path) -> Iterator[tuple[subprocess.Popen, SegmentInfo]]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    address = proc.stdout.readline().strip()
+    assert address, "the child daemon did not start"
+    yield proc, SegmentInfo("seg-dram", "d1", Tier.DRAM, CAPACITY, (Endpoint("mooncake", address),))
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+    proc.wait(10)
+
+
+def read_from(info: SegmentInfo, client: MooncakeTransport, out: memoryview, seconds: float = 10) -> None:
+    grant = GrantSigner(SECRET).sign("seg-dram", 0, len(out), GrantMode.READ, later_ms())
+    client.read(info, [Transfer(grant, out)], time.monotonic() + seconds)
+
+
+def test_killed_daemon_fails_fast(child, client: MooncakeTransport) -> None:
+    proc, info = child
+    out = memoryview(bytearray(4096))
+    read_from(info, client, out)
+    assert bytes(out[:4]) == bytes(range(4))
+    proc.kill()
+    proc.wait(10)
+    for _ in range(3):
+        started = time.monotonic()
+        with pytest.raises(TransportError):
+            read_from(info, client, out)
+        assert time.monotonic() - started < 1.0
+
+
+def test_hung_daemon_fails_and_nothing_lands_late(child, client: MooncakeTransport) -> None:
+    """The engine keeps moving bytes after a call gives up; the caller's buffer must not see them."""
+    proc, info = child
+    read_from(info, client, memoryview(bytearray(16)))
+    out = memoryview(bytearray(CAPACITY))
+    failures: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            for _ in range(200):              # until the stop below catches one mid-transfer
+                read_from(info, client, out)
+        except BaseException as exc:     # checked below
+            failures.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGSTOP)
+    thread.join(30)
+    assert not thread.is_alive() and failures and isinstance(failures[0], TransportError)
+    out[:] = bytes(CAPACITY)              # what the caller does with its buffer next
+    os.kill(proc.pid, signal.SIGCONT)
+    time.sleep(1.0)                       # the resumed daemon's engine sends what it still had
+    assert out.tobytes() == bytes(CAPACITY)
+    assert len(client._staging.abandoned) == 1
+    read_from(info, client, memoryview(bytearray(16)))    # and the client works on
+
+
+def test_rdma_style_staging_is_registered_once(daemon: Daemon, client: MooncakeTransport,
+                                              monkeypatch) -> None:
+    """On protocols other than tcp the engine needs registered local memory: only the staging
+    buffers are registered, each once, however many calls use them."""
+    put(daemon, client, 0, b"warm")                        # creates the engine and staging
+    registered: list[int] = []
+    engine = client._engine
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(engine, name)
+
+        def register_memory(self, addr: int, size: int) -> int:
+            registered.append(size)
+            return engine.register_memory(addr, size)
+
+    monkeypatch.setattr(client, "_staging", mooncake._Staging(register=True))
+    monkeypatch.setattr(client, "_engine", Counting())
+    monkeypatch.setattr(mooncake._Engines, "get", classmethod(lambda cls, *a: client._engine))
+    for i in range(5):
+        put(daemon, client, i * 4096, bytes([i]) * 4096)
+        assert get(daemon, client, i * 4096, 4096) == bytes([i]) * 4096
+    assert registered == [mooncake._STAGING]
+    client.close()

@@ -1,0 +1,379 @@
+"""The ucx transport against a real UcxServer: in this process for behaviour and refused grants,
+in a child process for a daemon that is killed or hung mid-call."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("ucxx", reason="the ucx transport needs the ucx extra: pip install 'kvstore[ucx]'")
+
+from kvstore.checksum import checksum  # noqa: E402
+from kvstore.config import DaemonConfig  # noqa: E402
+from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
+from kvstore.grant import GrantSigner  # noqa: E402
+from kvstore.storage.base import SegmentStorage  # noqa: E402
+from kvstore.storage.dram import DramSegment  # noqa: E402
+from kvstore.transport import ucx  # noqa: E402
+from kvstore.transport.base import GrantChecker, Transfer  # noqa: E402
+from kvstore.transport.ucx import UcxServer, UcxTransport  # noqa: E402
+from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier  # noqa: E402
+from tests.cluster import wait_until  # noqa: E402
+
+CAPACITY = 32 << 20
+SECRET = b"0123456789abcdef-test-secret"
+
+
+def later_ms(seconds: float = 60.0) -> int:
+    return int((time.time() + seconds) * 1000)
+
+
+class BytesSegment(SegmentStorage):
+    """A tier without view(): the server moves its bytes through bounce buffers."""
+
+    tier = Tier.SSD
+
+    def __init__(self, segment_id: str, capacity: int) -> None:
+        self.segment_id, self.capacity = segment_id, capacity
+        self.data = bytearray(capacity)
+
+    def read_into(self, offset: int, dest: memoryview) -> None:
+        dest[:] = self.data[offset:offset + len(dest)]
+
+    def write_from(self, offset: int, src: memoryview) -> None:
+        self.data[offset:offset + len(src)] = src
+
+    def close(self, remove: bool = True) -> None:
+        pass
+
+
+class Daemon:
+    def __init__(self, shm_dir: str) -> None:
+        self.signer = GrantSigner(SECRET)
+        self.dram = DramSegment("seg-dram", CAPACITY, shm_dir)
+        self.plain = BytesSegment("seg-plain", 1 << 20)
+        segments = {s.segment_id: s for s in (self.dram, self.plain)}
+        self.checker = GrantChecker(self.signer, segments.get)
+        self.server = UcxServer(self.checker, DaemonConfig())
+        self.server.start()
+
+    def info(self, segment: SegmentStorage) -> SegmentInfo:
+        return SegmentInfo(segment.segment_id, "d1", segment.tier, segment.capacity,
+                           (self.server.endpoint(segment),))
+
+    def grant(self, offset: int, length: int, mode: GrantMode, segment: str = "seg-dram",
+              expires_ms: int | None = None) -> Grant:
+        return self.signer.sign(segment, offset, length, mode, expires_ms or later_ms())
+
+
+@pytest.fixture
+def daemon(tmp_path) -> Iterator[Daemon]:
+    d = Daemon(str(tmp_path))
+    yield d
+    d.server.stop()
+    d.dram.close()
+
+
+@pytest.fixture
+def client() -> Iterator[UcxTransport]:
+    c = UcxTransport()
+    yield c
+    c.close()
+
+
+def deadline(seconds: float = 10.0) -> float:
+    return time.monotonic() + seconds
+
+
+def put(daemon: Daemon, client: UcxTransport, offset: int, data: bytes) -> None:
+    transfer = Transfer(daemon.grant(offset, len(data), GrantMode.WRITE), memoryview(data))
+    client.write(daemon.info(daemon.dram), [transfer], deadline())
+
+
+def get(daemon: Daemon, client: UcxTransport, offset: int, length: int) -> bytes:
+    out = bytearray(length)
+    transfer = Transfer(daemon.grant(offset, length, GrantMode.READ), memoryview(out))
+    assert client.read(daemon.info(daemon.dram), [transfer], deadline()) == [checksum(out)]
+    return bytes(out)
+
+
+# --- behaviour -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [1, 100, 8193, 65537, 1 << 20, (8 << 20) + 3])
+def test_round_trip_is_byte_identical(daemon: Daemon, client: UcxTransport, size: int) -> None:
+    data = os.urandom(size)
+    put(daemon, client, 12345, data)
+    assert bytes(daemon.dram.view(12345, size)) == data
+    assert get(daemon, client, 12345, size) == data
+
+
+@pytest.mark.parametrize("count", [1000, 2500])      # 2500: more than one request's MAX_ITEMS
+def test_batch_of_small_blocks(daemon: Daemon, client: UcxTransport, count: int) -> None:
+    blocks = [os.urandom(1 + i % 300) for i in range(count)]
+    info = daemon.info(daemon.dram)
+    client.write(info, [Transfer(daemon.grant(i * 512, len(b), GrantMode.WRITE), memoryview(b))
+                        for i, b in enumerate(blocks)], deadline())
+    outs = [bytearray(len(b)) for b in blocks]
+    digests = client.read(info, [Transfer(daemon.grant(i * 512, len(b), GrantMode.READ), memoryview(out))
+                                 for i, (b, out) in enumerate(zip(blocks, outs))], deadline())
+    assert [bytes(o) for o in outs] == blocks
+    assert digests == [checksum(b) for b in blocks]
+    assert len(client._conns) == 1 and len(daemon.server._clients) == 1
+
+
+def test_eight_threads_share_one_transport(daemon: Daemon, client: UcxTransport) -> None:
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(20):
+                data = os.urandom(1000 + 9973 * i)
+                offset = n * (2 << 20) + i * 100_000
+                put(daemon, client, offset, data)
+                assert get(daemon, client, offset, len(data)) == data
+        except BaseException as exc:      # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_segment_without_view_uses_bounce_buffers(daemon: Daemon, client: UcxTransport) -> None:
+    info, data = daemon.info(daemon.plain), os.urandom(300_000)
+    client.write(info, [Transfer(daemon.grant(7, len(data), GrantMode.WRITE, "seg-plain"), memoryview(data))],
+                 deadline())
+    assert bytes(daemon.plain.data[7:7 + len(data)]) == data
+    out = bytearray(len(data))
+    client.read(info, [Transfer(daemon.grant(7, len(data), GrantMode.READ, "seg-plain"), memoryview(out))],
+                deadline())
+    assert out == data
+
+
+def test_reads_into_typed_buffers(daemon: Daemon, client: UcxTransport) -> None:
+    data = os.urandom(4096)
+    put(daemon, client, 0, data)
+    out = memoryview(bytearray(4096)).cast("I")
+    client.read(daemon.info(daemon.dram), [Transfer(daemon.grant(0, 4096, GrantMode.READ), out)], deadline())
+    assert out.tobytes() == data
+
+
+def test_close_says_goodbye(daemon: Daemon) -> None:
+    c = UcxTransport()
+    put(daemon, c, 0, b"x")
+    assert len(daemon.server._clients) == 1
+    c.close()
+    wait_until(lambda: not daemon.server._clients, timeout=5, what="the daemon to drop the client")
+    with pytest.raises(TransportError, match="closed"):
+        put(daemon, c, 0, b"x")
+
+
+# --- refused grants ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", [GrantMode.READ, GrantMode.WRITE])
+@pytest.mark.parametrize("bad", ["forged", "expired", "out_of_range", "unknown_segment", "wrong_mode"])
+def test_bad_grants_are_refused_and_nothing_moves(daemon: Daemon, client: UcxTransport,
+                                                  mode: GrantMode, bad: str) -> None:
+    seeded = os.urandom(8192)
+    put(daemon, client, 0, seeded)
+    info, good = daemon.info(daemon.dram), daemon.grant(0, 4096, mode)
+    if bad == "forged":
+        grant = Grant(good.segment_id, good.offset, good.length, mode, good.expires_ms, bytes(16))
+    elif bad == "expired":
+        grant = daemon.grant(0, 4096, mode, expires_ms=later_ms(-1))
+    elif bad == "out_of_range":
+        grant = daemon.grant(CAPACITY - 100, 4096, mode)
+    elif bad == "wrong_mode":            # a grant for the other direction, relabelled
+        other = daemon.grant(0, 4096, GrantMode.READ if mode is GrantMode.WRITE else GrantMode.WRITE)
+        grant = Grant(other.segment_id, other.offset, other.length, mode, other.expires_ms, other.mac)
+    else:
+        grant = daemon.grant(0, 4096, mode, segment="nope")
+        info = SegmentInfo("nope", "d1", Tier.DRAM, CAPACITY, info.endpoints)
+    # A valid item first: nothing moves unless every grant of the request checks.
+    out = bytearray(4096)
+    transfers = [Transfer(grant, memoryview(bytearray(b"\xee" * 4096)))]
+    if bad != "unknown_segment":
+        transfers.insert(0, Transfer(good, memoryview(out if mode is GrantMode.READ else bytes(4096))))
+    with pytest.raises(PermissionDenied):
+        (client.write if mode is GrantMode.WRITE else client.read)(info, transfers, deadline())
+    assert bytes(daemon.dram.view(0, 8192)) == seeded and not any(out)
+    assert get(daemon, client, 0, 8192) == seeded          # the same connection still serves
+    assert len(client._conns) == 1
+
+
+def test_refused_large_write_sends_no_payload(daemon: Daemon, client: UcxTransport) -> None:
+    grant = daemon.grant(0, 16 << 20, GrantMode.WRITE, expires_ms=later_ms(-1))
+    started = time.monotonic()
+    with pytest.raises(PermissionDenied, match="expired"):
+        client.write(daemon.info(daemon.dram), [Transfer(grant, memoryview(bytearray(16 << 20)))], deadline())
+    assert time.monotonic() - started < 1.0
+    assert get(daemon, client, 0, 10) == bytes(10)
+
+
+def test_client_checks_buffers_against_grants(daemon: Daemon, client: UcxTransport) -> None:
+    info, read_grant = daemon.info(daemon.dram), daemon.grant(0, 10, GrantMode.READ)
+    for transfer in (Transfer(read_grant, memoryview(bytearray(9))),                    # wrong size
+                     Transfer(daemon.grant(0, 10, GrantMode.WRITE), memoryview(bytearray(10))),
+                     Transfer(read_grant, memoryview(bytes(10))),                       # read-only
+                     Transfer(read_grant, memoryview(bytearray(20))[::2])):             # strided
+        with pytest.raises(InvalidArgument):
+            client.read(info, [transfer], deadline())
+
+
+def test_malformed_request_gets_an_error_status(daemon: Daemon, client: UcxTransport) -> None:
+    put(daemon, client, 0, b"abc")
+    conn = next(iter(client._conns.values()))
+    seq = client._reserve(2)
+    bogus = bytearray(ucx.HEADER.pack(ucx.MAGIC, ucx.VERSION, 9, 4, 1, conn.conn_id, seq) + b"nope")
+    with client._lock, pytest.raises(InvalidArgument, match="malformed"):
+        client._ask(conn, bogus, seq, deadline())
+    assert get(daemon, client, 0, 3) == b"abc"
+
+
+# --- a daemon that stops, dies or hangs ----------------------------------------------------------
+
+def test_stopped_daemon_fails_at_the_deadline(daemon: Daemon, client: UcxTransport) -> None:
+    put(daemon, client, 0, b"abc")
+    daemon.server.stop()                     # same process: only the deadline can tell
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="deadline"):
+        client.read(daemon.info(daemon.dram), [Transfer(daemon.grant(0, 3, GrantMode.READ),
+                                                        memoryview(bytearray(3)))], time.monotonic() + 0.5)
+    assert time.monotonic() - started < 1.5
+    assert not client._conns                 # dropped: the next call connects afresh
+
+
+def test_restarted_daemon_is_reached_with_the_same_client(daemon: Daemon, client: UcxTransport) -> None:
+    put(daemon, client, 0, b"before")
+    daemon.server.stop()
+    daemon.server = UcxServer(daemon.checker, DaemonConfig())
+    daemon.server.start()
+    assert get(daemon, client, 0, 6) == b"before"
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from kvstore.config import DaemonConfig
+    from kvstore.grant import GrantSigner
+    from kvstore.storage.dram import DramSegment
+    from kvstore.transport.base import GrantChecker
+    from kvstore.transport.ucx import UcxServer
+
+    class Server(UcxServer):
+        hang = "--hang" in sys.argv
+
+        def _advance(self):
+            super()._advance()
+            # --hang: stop this process, once, when a large read is under way (its first piece sent)
+            if self.hang and any(len(b.to_send) > 8 for b in self._batches):
+                self.hang = False
+                os.kill(os.getpid(), signal.SIGSTOP)
+
+    seg = DramSegment("seg-dram", {capacity}, sys.argv[1])
+    seg.view(0, {capacity})[:] = bytes(range(256)) * ({capacity} // 256)
+    server = Server(GrantChecker(GrantSigner({secret!r}), {{"seg-dram": seg}}.get), DaemonConfig())
+    server.start()
+    print(server.endpoint(seg).address, flush=True)
+    sys.stdin.read()
+""").format(capacity=CAPACITY, secret=SECRET)
+
+
+def start_child(shm_dir: str, *flags: str) -> tuple[subprocess.Popen, SegmentInfo]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, shm_dir, *flags], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    address = proc.stdout.readline().strip()
+    assert address, "the child daemon did not start"
+    return proc, SegmentInfo("seg-dram", "d1", Tier.DRAM, CAPACITY, (Endpoint("ucx", address),))
+
+
+@pytest.fixture
+def children(tmp_path) -> Iterator[list[subprocess.Popen]]:
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(10)
+
+
+def read_from(info: SegmentInfo, client: UcxTransport, out: memoryview, seconds: float) -> None:
+    grant = GrantSigner(SECRET).sign("seg-dram", 0, len(out), GrantMode.READ, later_ms())
+    client.read(info, [Transfer(grant, out)], time.monotonic() + seconds)
+
+
+def test_killed_daemon_fails_fast_not_at_the_deadline(tmp_path, children, client: UcxTransport) -> None:
+    proc, info = start_child(str(tmp_path))
+    children.append(proc)
+    out = memoryview(bytearray(4096))
+    read_from(info, client, out, 10)
+    assert bytes(out[:4]) == bytes(range(4))
+    proc.kill()
+    proc.wait(10)
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="gone"):
+        read_from(info, client, out, 10)
+    assert time.monotonic() - started < 1.0
+    assert not client.can_reach(info)
+
+
+def test_hung_daemon_fails_at_the_deadline_and_writes_nothing_late(tmp_path, children,
+                                                                   client: UcxTransport) -> None:
+    proc, info = start_child(str(tmp_path), "--hang")
+    children.append(proc)
+    out = memoryview(bytearray(CAPACITY))
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="deadline"):
+        read_from(info, client, out, 1.0)             # the daemon stops itself mid-payload
+    assert time.monotonic() - started < 2.0
+    snapshot = out.tobytes()
+    os.kill(proc.pid, signal.SIGCONT)                 # it resumes and sends the rest ...
+    (tmp_path / "b").mkdir()
+    other, other_info = start_child(str(tmp_path / "b"))
+    children.append(other)
+    read_from(other_info, client, memoryview(bytearray(16)), 10)  # ... while this worker progresses
+    time.sleep(0.2)
+    read_from(other_info, client, memoryview(bytearray(16)), 10)
+    assert out.tobytes() == snapshot                  # no late byte landed in the caller's buffer
+
+
+KILLED_CLIENT = textwrap.dedent("""
+    import sys, time
+    from kvstore.grant import GrantSigner
+    from kvstore.transport.base import Transfer
+    from kvstore.transport.ucx import UcxTransport
+    from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier
+    info = SegmentInfo("seg-dram", "d1", Tier.DRAM, {capacity}, (Endpoint("ucx", sys.argv[1]),))
+    data = memoryview(bytearray(16 << 20))
+    client, signer = UcxTransport(), GrantSigner({secret!r})
+    print("writing", flush=True)
+    while True:
+        grant = signer.sign("seg-dram", 0, len(data), GrantMode.WRITE, int(time.time() * 1000) + 60000)
+        client.write(info, [Transfer(grant, data)], time.monotonic() + 10)
+""").format(capacity=CAPACITY, secret=SECRET)
+
+
+def test_client_killed_mid_write_leaves_the_daemon_serving(daemon: Daemon, client: UcxTransport) -> None:
+    address = daemon.info(daemon.dram).endpoints[0].address
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, address], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        wait_until(lambda: daemon.server._clients, timeout=10, what="the writer to connect")
+        time.sleep(0.2)
+    finally:
+        writer.kill()
+        writer.wait(10)
+    wait_until(lambda: not daemon.server._clients, timeout=5, what="the daemon to drop the dead client")
+    put(daemon, client, 0, b"still here")
+    assert get(daemon, client, 0, 10) == b"still here"
