@@ -118,14 +118,15 @@ class Fleet:
         return proc, proc.field("engine")
 
     def router(self, prefill: Sequence[str] = (), decode: Sequence[str] = (), colocated: Sequence[str] = (),
-               meta: str | None = None, *extra: str, name: str = "router") -> tuple[Managed, str]:
+               meta: str | None = None, *extra: str, name: str = "router",
+               timeout: float = 120.0) -> tuple[Managed, str]:
         args = ["kvstore.engines.router", "--port", "0", *extra]
         for flag, urls in (("--prefill", prefill), ("--decode", decode), ("--colocated", colocated)):
             for url in urls:
                 args += [flag, url]
         if meta:
             args += ["--meta", meta]
-        proc = self.add(name, args)
+        proc = self.add(name, args, timeout=timeout)
         return proc, proc.field("router")
 
     def close(self) -> None:

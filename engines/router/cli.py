@@ -1,16 +1,25 @@
 """`kvstore route`: the PD router, an OpenAI-compatible front end over engine instances.
 
-Prints `kvstore ready: router=http://HOST:PORT policy=NAME` once it accepts requests.
+`--backend reference` (the default) fronts kvstore's reference engine; `--backend vllm` fronts vLLM
+OpenAI servers running kvstore's connector (see engines/router/vllm_backend.py).
+Prints `kvstore ready: router=http://HOST:PORT policy=NAME backend=NAME` once it accepts requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
+import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from kvstore.engines.router.policy import CostModel
+
+if TYPE_CHECKING:
+    from kvstore.engines.router.backend import Backend
+    from kvstore.engines.router.policy import Pools
 
 log = logging.getLogger("kvstore.engines.router")
 
@@ -24,7 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", action="append", help="prefill instance URL(s); repeat or comma-separate")
     p.add_argument("--decode", action="append", help="decode instance URL(s)")
     p.add_argument("--colocated", action="append", help="colocated instance URL(s)")
-    p.add_argument("--meta", default=None, help="kvstore metadata service, for prefix lookups")
+    p.add_argument("--backend", default="reference", choices=["reference", "vllm"],
+                   help="the engine behind the router: kvstore's reference engine, or vLLM OpenAI servers "
+                        "with kvstore's connector")
+    p.add_argument("--meta", default=None, help="kvstore metadata service, for prefix lookups (reference backend)")
+    p.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token,
+                   help="vllm backend: KV bytes per prompt token, for the link estimate (2 x layers x kv heads "
+                        "x head size x dtype bytes); the reference backend reads it from its instances")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port")
     p.add_argument("--policy", default="cost", choices=["cost", "dynamo", "colocated", "pd"],
@@ -45,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-local-prefill", type=int, default=d.max_local_prefill_length,
                    help="the dynamo policy's length threshold")
     p.add_argument("--timeout", type=float, default=300.0, help="per upstream request, seconds")
+    p.add_argument("--wait-for-instances", type=float, default=0.0, metavar="SECONDS",
+                   help="retry discovery this long while instances start (a vLLM server takes a minute); "
+                        "0: fail at once")
     p.add_argument("--metrics-jsonl", default=None, help="append one JSON line per request here")
 
 
@@ -52,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from kvstore.engines.metrics import MetricsSink
     from kvstore.engines.router.policy import Pools, make_policy
     from kvstore.engines.router.telemetry import Telemetry
-    from kvstore.engines.router.proxy import Router, discover
+    from kvstore.engines.router.proxy import Router
     from kvstore.engines.router.server import build_app
     from kvstore.engines.serving import run_http
 
@@ -60,27 +78,34 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)      # one line per upstream call is noise
     pools = Pools(_urls(args.prefill), _urls(args.decode), _urls(args.colocated))
     store = None
-    if args.meta:
+    if args.meta and args.backend == "reference":
         from kvstore.client import KVClient
         from kvstore.config import ClientConfig, load_config
 
         store = KVClient(args.meta, load_config(ClientConfig))      # KVSTORE_CLIENT_* env applies
+    elif args.meta:
+        log.info("--meta is not used with --backend %s: the router does not look prompts up", args.backend)
+    backend = _backend(args, store)
     jsonl = open(args.metrics_jsonl, "a") if args.metrics_jsonl else None
     sink = MetricsSink("router", jsonl)
 
+    if args.wait_for_instances > 0:
+        # Before the HTTP server starts, so that Ctrl-C or SIGTERM stop a router still waiting.
+        asyncio.run(_wait_for_instances(backend, pools, args.wait_for_instances))
+
     async def make_router(http):
-        naming = await discover(http, pools)
-        live_pools = replace(pools, storeless=naming.storeless)
-        model = CostModel(kv_bytes_per_token=naming.kv_bytes_per_token, cached_fraction=args.cached_fraction,
+        found = await backend.discover(http, pools)
+        live_pools = replace(pools, storeless=found.storeless)
+        model = CostModel(kv_bytes_per_token=found.kv_bytes_per_token, cached_fraction=args.cached_fraction,
                           max_decode_tail_tokens=args.max_decode_tail, min_disagg_tokens=args.min_disagg_tokens,
                           max_prefill_queue=args.max_prefill_queue, interference_weight=args.interference_weight,
                           default_bandwidth=args.bandwidth, default_prefill_tps=args.prefill_tps,
                           window_s=args.window, max_local_prefill_length=args.max_local_prefill)
         telemetry = Telemetry(model)
-        return Router(live_pools, make_policy(args.policy, model, telemetry), telemetry, naming, http, sink, store)
+        return Router(live_pools, make_policy(args.policy, model, telemetry), telemetry, backend, http, sink)
 
     def ready(url: str) -> None:
-        print(f"kvstore ready: router={url} policy={args.policy}", flush=True)
+        print(f"kvstore ready: router={url} policy={args.policy} backend={args.backend}", flush=True)
 
     try:
         run_http(build_app(make_router, args.timeout), args.host, args.port, ready)
@@ -90,6 +115,34 @@ def run(args: argparse.Namespace) -> int:
         if jsonl is not None:
             jsonl.close()
     return 0
+
+
+async def _wait_for_instances(backend: "Backend", pools: "Pools", wait_s: float) -> None:
+    """Retry backend.discover while instances refuse connections or are not ready yet."""
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=5.0)) as http:
+        while True:
+            try:
+                await backend.discover(http, pools)
+                return
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("waiting for the instances to start (%s)", exc)
+                await asyncio.sleep(1.0)            # polling for readiness
+
+
+def _backend(args: argparse.Namespace, store: Any | None) -> "Backend":
+    """The one place backends are chosen by name; each is imported only when chosen."""
+    if args.backend == "vllm":
+        from kvstore.engines.router.vllm_backend import VLLMBackend
+
+        return VLLMBackend(args.kv_bytes_per_token)
+    from kvstore.engines.router.reference_backend import ReferenceBackend
+
+    return ReferenceBackend(store)
 
 
 def main(argv: list[str] | None = None) -> int:

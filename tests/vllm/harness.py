@@ -1,10 +1,12 @@
-"""Start `tests.vllm.instance` processes and talk to them: one JSON command, one JSON answer."""
+"""Start vLLM for the tests: `tests.vllm.instance` processes (one JSON command, one JSON answer),
+and vLLM's own OpenAI server (`ApiServer`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -80,3 +82,57 @@ def kv_config(role: str, meta: str, **extra: Any) -> dict[str, Any]:
     return {"kv_connector": "KVStoreConnector", "kv_connector_module_path": "kvstore.engines.vllm",
             "kv_role": role, "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"meta": meta, **extra}}
+
+
+def free_port() -> int:
+    """A port free now. vLLM's server cannot report the port it bound to, so it is chosen here."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApiServer:
+    """`python -m vllm.entrypoints.openai.api_server` over a local model, as the README deploys it
+    (default multiprocess mode), with a small KV cache; its log goes to `log_dir/NAME.log`."""
+
+    def __init__(self, name: str, model: str, kv: dict[str, Any] | None, log_dir: Path,
+                 kv_cache_bytes: int = 64 << 20) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_dir) / f"{name}.log"
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--block-size", "32",
+                "--max-model-len", "4096", "--kv-cache-memory-bytes", str(kv_cache_bytes), "--enforce-eager"]
+        if kv is not None:
+            args += ["--kv-transfer-config", json.dumps(kv)]
+        with open(self.log_path, "w") as log:
+            self.popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={
+                **os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Poll /health until the server answers (vLLM prints no readiness line of its own)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"vLLM server exited ({self.popen.returncode}):\n{self.log()[-4000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)           # polling readiness, not sleeping for luck
+        raise TimeoutError(f"vLLM server not ready in {timeout}s:\n{self.log()[-4000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)

@@ -67,6 +67,13 @@ def prompt_ids(n: int, seed: int) -> list[int]:
     return [rng.randrange(3, VOCAB_SIZE) for _ in range(n)]
 
 
+def prompt_text(words: int, seed: int) -> str:
+    """`words` words of the tokenizer's training language (about 1.2 tokens a word), from `seed`."""
+    rng = random.Random(seed)
+    vocabulary = " ".join(_corpus()).split()
+    return " ".join(rng.choice(vocabulary) for _ in range(words))
+
+
 if __name__ == "__main__":
     import sys
 
