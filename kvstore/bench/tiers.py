@@ -34,7 +34,7 @@ class TierResult:
     demote_gbps: float
     read_gbps: dict[str, float]          # transport -> cold SSD read GB/s
 
-    def ratios(self) -> list[tuple[str, float, str, float]]:
+    def comparisons(self) -> list[tuple[str, float, str, float]]:
         """(what, GB/s, against, ratio) for the report."""
         rows = []
         for name, ceiling in (("O_DIRECT", self.disk.direct_write_gbps), ("buffered", self.disk.buffered_write_gbps)):
@@ -152,7 +152,7 @@ def report(result: TierResult) -> str:
              f"{_fmt(d.buffered_read_gbps)} GB/s",
              f"{result.blocks} blocks of {result.block >> 20} MiB",
              f"{'what':<22} {'GB/s':>6}  {'against':<32} {'ratio':>5}  target 0.7"]
-    for what, gbps, against, ratio in result.ratios():
+    for what, gbps, against, ratio in result.comparisons():
         lines.append(f"{what:<22} {gbps:>6.2f}  {against:<32} {ratio:>5.2f}  {'met' if ratio >= 0.7 else 'NOT MET'}")
     return "\n".join(lines)
 

@@ -104,10 +104,14 @@ def test_comparison_ratios_and_targets_from_known_numbers():
 
 
 def test_tiers_section_reports_against_the_raw_disk(tmp_path):
+    disk, report = tmp_path / "disk", tmp_path / "bench.json"
+    disk.mkdir()
     out = subprocess.run([sys.executable, "-m", "kvstore.cli", "bench", "--quick", "--tiers", "--sections", "tiers",
-                          "--tiers-dir", str(tmp_path), "--tiers-size", "64MiB"],
+                          "--tiers-dir", str(disk), "--tiers-size", "64MiB", "--json", str(report)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
+    [tiers] = json.loads(report.read_text())["results"]["tiers"]
+    assert tiers["demote_gbps"] > 0 and set(tiers["read_gbps"]) >= {"shm", "tcp", "raw file"}
     assert "SSD tier" in out.stdout and "raw O_DIRECT write" in out.stdout
     assert "demotion (SSD write)" in out.stdout and "SSD read via shm" in out.stdout
-    assert not list(tmp_path.iterdir())          # its files are cleaned up
+    assert not list(disk.iterdir())              # its files are cleaned up
