@@ -26,6 +26,15 @@ class SegmentStorage(ABC):
         """
         return None
 
+    def readable(self, offset: int, length: int) -> memoryview:
+        """The bytes of [offset, offset+length) to send: a view of segment memory when the tier
+        is memory backed, else a fresh copy."""
+        view = self.view(offset, length)
+        if view is None:
+            view = memoryview(bytearray(length))
+            self.read_into(offset, view)
+        return view
+
     @abstractmethod
     def read_into(self, offset: int, dest: memoryview) -> None:
         """Copy len(dest) bytes starting at `offset` into dest."""

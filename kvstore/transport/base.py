@@ -29,6 +29,21 @@ class Transfer:
     buffer: memoryview
 
 
+def checked_view(segment: SegmentInfo, t: Transfer, mode: GrantMode, transport: str) -> memoryview:
+    """t.buffer as flat bytes, after checking that it fits its grant and `mode`."""
+    from kvstore.errors import InvalidArgument
+
+    g, buf = t.grant, t.buffer
+    if g.segment_id != segment.segment_id or g.mode != mode:
+        raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for "
+                              f"{segment.segment_id}/{mode.name}")
+    if not buf.c_contiguous or (mode is GrantMode.READ and buf.readonly):
+        raise InvalidArgument(f"{transport} transfers need C-contiguous buffers, writable for a read")
+    if buf.nbytes != g.length:
+        raise InvalidArgument(f"buffer of {buf.nbytes} bytes does not match grant [{g.offset}, +{g.length})")
+    return buf.cast("B")
+
+
 class Transport(ABC):
     """Client side of one transport. Thread safe; holds connections/mappings for reuse."""
 

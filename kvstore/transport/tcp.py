@@ -40,7 +40,7 @@ from typing import Sequence
 from kvstore.config import DaemonConfig
 from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, TransportError, error_for
 from kvstore.storage.base import SegmentStorage
-from kvstore.transport.base import GrantChecker, Transfer, Transport, TransportServer
+from kvstore.transport.base import GrantChecker, Transfer, Transport, TransportServer, checked_view
 from kvstore.transport.framing import (ITEM, MAGIC, MAX_ITEMS, MAX_MESSAGE_BYTES, MAX_SEGMENT_ID_BYTES,
                                        REPLY_HEADER, REQUEST_HEADER, VERSION, _HASH_PIECE, _join_address,
                                        _recv_buffers, _recv_exact, _recv_hashed, _reply, _send_buffers,
@@ -65,19 +65,6 @@ def _encode_request(segment_id: str, mode: GrantMode, grants: Sequence[Grant]) -
     head = REQUEST_HEADER.pack(MAGIC, VERSION, int(mode), len(sid), len(grants))
     padding = bytes(_table_bytes(len(sid), len(grants)) - len(sid) - ITEM.size * len(grants))
     return b"".join([head, sid, *items, padding])
-
-
-def _byte_view(segment: SegmentInfo, t: Transfer, mode: GrantMode) -> memoryview:
-    """t.buffer as flat bytes, after checking that it fits its grant."""
-    g, buf = t.grant, t.buffer
-    if g.segment_id != segment.segment_id or g.mode != mode:
-        raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for "
-                              f"{segment.segment_id}/{mode.name}")
-    if not buf.c_contiguous or (mode is GrantMode.READ and buf.readonly):
-        raise InvalidArgument("tcp transfers need C-contiguous buffers, writable for a read")
-    if buf.nbytes != g.length:
-        raise InvalidArgument(f"buffer of {buf.nbytes} bytes does not match grant [{g.offset}, +{g.length})")
-    return buf.cast("B")
 
 
 def _read_reply(sock: socket.socket, deadline: float, address: str) -> None:
@@ -158,7 +145,7 @@ class TcpTransport(Transport):
         ep = segment.endpoint(self.name)
         if ep is None:
             raise TransportError(f"segment {segment.segment_id} offers no tcp endpoint")
-        buffers = [_byte_view(segment, t, mode) for t in transfers]
+        buffers = [checked_view(segment, t, mode, "tcp") for t in transfers]
         hashed = mode is GrantMode.READ and sum(b.nbytes for b in buffers) >= len(buffers) * _HASH_PIECE
         digests: list[int] = []
         for start in range(0, len(transfers), MAX_ITEMS):
@@ -395,11 +382,7 @@ class TcpServer(TransportServer):
         sources = []
         try:
             for segment, g in placed:
-                view = segment.view(g.offset, g.length)
-                if view is None:
-                    view = memoryview(bytearray(g.length))
-                    segment.read_into(g.offset, view)
-                sources.append(view)
+                sources.append(segment.readable(g.offset, g.length))
         except (OSError, ValueError) as exc:
             conn.sendall(_reply(ErrorCode.INTERNAL, f"loading the requested bytes failed: {exc}"))
             return

@@ -68,7 +68,7 @@ from kvstore.checksum import hasher
 from kvstore.config import ClientConfig
 from kvstore.errors import InvalidArgument, TransportError
 from kvstore.hostid import host_id, pid_alive
-from kvstore.transport.base import Transfer, Transport
+from kvstore.transport.base import Transfer, Transport, checked_view
 from kvstore.transport.ucx_server import UcxServer
 from kvstore.transport.ucx_wire import (HEADER, HELLO, ITEM, KIND_CTRL, KIND_DATA, KIND_STATUS, MAGIC,
                                         MAX_ITEMS, MAX_SEGMENT_ID_BYTES, OP_BYE, OP_HELLO, OP_READ, OP_WRITE,
@@ -138,7 +138,7 @@ class UcxTransport(Transport):
         sid = segment.segment_id.encode()
         if not 0 < len(sid) <= MAX_SEGMENT_ID_BYTES:
             raise InvalidArgument(f"segment id of {len(sid)} bytes; ucx allows 1..{MAX_SEGMENT_ID_BYTES}")
-        buffers = [_byte_view(segment, t, mode) for t in transfers]
+        buffers = [checked_view(segment, t, mode, "ucx") for t in transfers]
         digests: list[int] = []
         with self._lock:
             if self._closed:
@@ -340,16 +340,3 @@ class UcxTransport(Transport):
             if self._stranded or ucx.closing:   # a request still points into buffers: keep all
                 _STRANDED.append((ucx, self._stranded))
             self._ucx, self._stranded = None, []
-
-
-def _byte_view(segment: SegmentInfo, t: Transfer, mode: GrantMode) -> memoryview:
-    """t.buffer as flat bytes, after checking that it fits its grant."""
-    g, buf = t.grant, t.buffer
-    if g.segment_id != segment.segment_id or g.mode != mode:
-        raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for "
-                              f"{segment.segment_id}/{mode.name}")
-    if not buf.c_contiguous or (mode is GrantMode.READ and buf.readonly):
-        raise InvalidArgument("ucx transfers need C-contiguous buffers, writable for a read")
-    if buf.nbytes != g.length:
-        raise InvalidArgument(f"buffer of {buf.nbytes} bytes does not match grant [{g.offset}, +{g.length})")
-    return buf.cast("B")

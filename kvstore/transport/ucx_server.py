@@ -198,11 +198,7 @@ class UcxServer(TransportServer):
         sources = []
         try:
             for segment, g in placed:
-                view = segment.view(g.offset, g.length)
-                if view is None:
-                    view = memoryview(bytearray(g.length))
-                    segment.read_into(g.offset, view)
-                sources.append(view)
+                sources.append(segment.readable(g.offset, g.length))
         except (OSError, ValueError) as exc:
             self._send_status(conn_id, seq, encode_status(ErrorCode.INTERNAL,
                                                           f"loading the requested bytes failed: {exc}"))
