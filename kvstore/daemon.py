@@ -116,8 +116,12 @@ class StorageDaemon:
             raise Unavailable(f"none of the transports {', '.join(self.config.transports)} can be served here")
 
     def endpoints(self) -> dict[str, str]:
-        """transport name -> address of one of its endpoints, for humans."""
-        return {ep.transport: ep.address for seg in self._segments.values() for ep in self.info(seg).endpoints}
+        """transport name -> address of its first segment's endpoint, for humans."""
+        found: dict[str, str] = {}
+        for seg in self._segments.values():
+            for ep in self.info(seg).endpoints:
+                found.setdefault(ep.transport, ep.address)
+        return found
 
     def info(self, seg: SegmentStorage) -> SegmentInfo:
         endpoints = tuple(ep for server in self._servers if (ep := server.endpoint(seg)) is not None)
