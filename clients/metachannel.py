@@ -4,6 +4,7 @@ one (kvstore/fastrpc.py: the same messages over a plain socket, ~20x cheaper per
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -88,11 +89,9 @@ class MetaChannel:
     def _call_lane(self, sock: socket.socket, name: str, request: Any) -> Any:
         method, header, payload = fastrpc.encode_request(name, request)
         try:
-            sock.settimeout(self.timeout_s)
             fastrpc.send_frame(sock, header, payload)
-            length, status = fastrpc.RESPONSE.unpack(fastrpc.recv_exact(sock, fastrpc.RESPONSE.size))
-            body = bytes(fastrpc.recv_exact(sock, length))
-        except (OSError, EOFError) as exc:
+            (_, status), body = fastrpc.recv_frame(sock, fastrpc.RESPONSE)
+        except (OSError, EOFError, fastrpc.BadFrame) as exc:
             sock.close()
             raise Unavailable(f"{name} to {self.address}: the metadata service did not answer ({exc}); "
                               "check that `kvstore meta` (or `kvstore serve`) is running") from exc
@@ -109,12 +108,11 @@ class MetaChannel:
 
 
 def _still_idle(sock: socket.socket) -> bool:
-    """Whether a pooled connection is open with nothing unread (else the service closed it)."""
-    sock.setblocking(False)     # with a timeout set, Python would wait for data despite DONTWAIT
+    """Whether a pooled connection is open with nothing unread: readable means the service closed
+    it (or broke the protocol). One poll, without touching the socket's timeout."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
     try:
-        sock.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return True
+        return not poller.poll(0)
     except OSError:
-        pass
-    return False
+        return False

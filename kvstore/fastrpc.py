@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from kvstore.v1 import meta_pb2 as pb
 
@@ -53,6 +53,37 @@ def recv_exact(sock: socket.socket, size: int) -> bytearray:
             raise EOFError("connection closed by the peer")
         got += n
     return buf
+
+
+class BadFrame(ValueError):
+    """A header refused before its payload is read; `fields` are the header's."""
+
+    def __init__(self, fields: tuple) -> None:
+        super().__init__(f"bad frame header {fields}")
+        self.fields = fields
+
+
+_FIRST_READ = 65536
+
+
+def recv_frame(sock: socket.socket, header: struct.Struct,
+               accept: Callable[[tuple], bool] = lambda fields: True) -> tuple[tuple, bytes]:
+    """One frame: its header's fields (the payload length first) and its payload. A small frame
+    (nearly every call) arrives with a single recv. BadFrame, before any payload is awaited, for
+    a length over MAX_FRAME or a header `accept` refuses; EOFError if the peer closes first."""
+    data = sock.recv(_FIRST_READ)
+    while len(data) < header.size:
+        more = sock.recv(_FIRST_READ)
+        if not more:
+            raise EOFError("connection closed by the peer")
+        data += more
+    fields = header.unpack_from(data)
+    if fields[0] > MAX_FRAME or not accept(fields):
+        raise BadFrame(fields)
+    end = header.size + fields[0]
+    if len(data) < end:
+        data += recv_exact(sock, end - len(data))
+    return fields, data[header.size:end]
 
 
 def send_frame(sock: socket.socket, header: bytes, payload: bytes) -> None:

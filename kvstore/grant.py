@@ -24,11 +24,19 @@ class GrantSigner:
             raise ValueError("grant secret must be at least 16 bytes")
         # Keyed BLAKE2s is a MAC by design (no HMAC wrapper needed) and ~4x cheaper per grant,
         # which matters at thousands of grants per batch. Its key is at most 32 bytes.
-        self._key = hashlib.blake2s(secret).digest()
+        # Copying a keyed state skips the key block's compression on every grant.
+        self._keyed = hashlib.blake2s(key=hashlib.blake2s(secret).digest(), digest_size=MAC_BYTES)
+        self._ids: dict[str, bytes] = {}
 
     def _mac(self, segment_id: str, offset: int, length: int, mode: int, expires_ms: int) -> bytes:
-        msg = segment_id.encode() + b"\0" + _FIELDS.pack(offset, length, mode, expires_ms)
-        return hashlib.blake2s(msg, key=self._key, digest_size=MAC_BYTES).digest()
+        prefix = self._ids.get(segment_id)
+        if prefix is None:
+            if len(self._ids) > 65536:
+                self._ids.clear()
+            prefix = self._ids[segment_id] = segment_id.encode() + b"\0"
+        h = self._keyed.copy()
+        h.update(prefix + _FIELDS.pack(offset, length, mode, expires_ms))
+        return h.digest()
 
     def sign(self, segment_id: str, offset: int, length: int, mode: GrantMode, expires_ms: int) -> Grant:
         mac = self._mac(segment_id, offset, length, int(mode), expires_ms)

@@ -31,6 +31,10 @@ class _FrameContext:
         raise _Abort(code, details)
 
 
+def _known_method(fields: tuple[int, int]) -> bool:
+    return fields[1] < len(fastrpc.METHODS)
+
+
 class FastLaneServer:
     def __init__(self, servicer: MetaServicer, host: str, port: int = 0) -> None:
         self._servicer = servicer
@@ -63,15 +67,16 @@ class FastLaneServer:
         context = _FrameContext()
         try:
             while True:
-                length, index = fastrpc.REQUEST.unpack(fastrpc.recv_exact(conn, fastrpc.REQUEST.size))
-                if length > fastrpc.MAX_FRAME or index >= len(fastrpc.METHODS):
+                try:
+                    (_, index), payload = fastrpc.recv_frame(conn, fastrpc.REQUEST, _known_method)
+                except fastrpc.BadFrame as exc:
+                    length, index = exc.fields
                     self._reply_error(conn, grpc.StatusCode.INVALID_ARGUMENT,
                                       f"bad frame (method {index}, {length} bytes): closing")
                     return
                 method = fastrpc.METHODS[index]
-                payload = fastrpc.recv_exact(conn, length)
                 try:
-                    request = method.request.FromString(bytes(payload))
+                    request = method.request.FromString(payload)
                     response = getattr(self._servicer, method.name)(request, context)
                 except _Abort as exc:
                     self._reply_error(conn, exc.code, exc.details)

@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvstore import __version__, wire
 from kvstore.config import MetaConfig
-from kvstore.errors import InvalidArgument, KVStoreError, to_grpc_status
+from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, to_grpc_status
 from kvstore.meta.store import MetaStore
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
@@ -89,9 +89,11 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
     @_translating
     def Get(self, request, context):
         results = self.store.get(list(request.keys))
-        return pb.GetResponse(
-            results=[pb.GetResult(status=wire.status_to_pb(r.code, r.message), size=r.size, checksum=r.checksum,
-                                  replicas=[wire.grant_to_pb(g) for g in r.grants]) for r in results],
+        grant = wire.grant_to_pb
+        return pb.GetResponse(   # an unset status reads as OK (code 0): most results leave it out
+            results=[pb.GetResult(size=r.size, checksum=r.checksum, replicas=[grant(g) for g in r.grants])
+                     if r.code is ErrorCode.OK else pb.GetResult(status=wire.status_to_pb(r.code, r.message))
+                     for r in results],
             segments=_referenced_segments(self.store, (r.grants for r in results)),
             lease_ms=int(self.store.config.lease_ttl_s * 1000))
 

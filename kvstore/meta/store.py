@@ -182,6 +182,7 @@ class MetaStore:
         with self._lock:
             now = self._clock.now()
             until = now + self.config.lease_ttl_s
+            until_ms, sign = int(until * 1000), self._signer.sign
             results = []
             for key in keys:
                 entry = self._st.index.get(key)
@@ -190,13 +191,15 @@ class MetaStore:
                     continue
                 self._st.index.touch(key)
                 self._st.leases.hold(key, until)
-                self._tiering.note_read(key, entry)
-                grants = []
+                grants, ssd_only = [], True
                 for loc in entry.replicas():
                     seg = self._st.segment_of(loc)
-                    self._st.tier_counters[seg.info.tier, "hits"] += 1
-                    grants.append(self._signer.sign(seg.segment_id, unpack_location(loc)[1], entry.size,
-                                                    GrantMode.READ, int(until * 1000)))
+                    tier = seg.info.tier
+                    ssd_only = ssd_only and tier is Tier.SSD
+                    self._st.tier_counters[tier, "hits"] += 1
+                    grants.append(sign(seg.segment_id, unpack_location(loc)[1], entry.size, GrantMode.READ, until_ms))
+                if ssd_only:
+                    self._tiering.note_ssd_read(key)
                 results.append(GetResult(size=entry.size, checksum=entry.checksum, grants=tuple(grants)))
             return results
 

@@ -49,10 +49,8 @@ class Tiering:
 
     # -- signals from the read and write paths ---------------------------------------------------
 
-    def note_read(self, key: str, entry: Entry) -> None:
-        """Count reads of blocks that live only on SSD; hot ones are queued for promotion."""
-        if any(self._st.tier_of(loc) is not Tier.SSD for loc in entry.replicas()):
-            return
+    def note_ssd_read(self, key: str) -> None:
+        """Count a read of a block that lives only on SSD; hot ones are queued for promotion."""
         if len(self._ssd_hits) > _MAX_TRACKED_HITS:
             self._ssd_hits.clear()
         self._ssd_hits[key] += 1
