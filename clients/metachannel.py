@@ -1,5 +1,5 @@
 """How a client reaches the metadata service: gRPC, plus the service's fast lane when it offers
-one (kvstore/fastrpc.py: the same messages over a plain socket, ~20x cheaper per call)."""
+one (kvstore/fastrpc.py: the same messages over a plain socket, ~10x cheaper per call)."""
 
 from __future__ import annotations
 
