@@ -67,7 +67,8 @@ class KVClient:
         return self._rpc("MatchPrefix", pb.MatchPrefixRequest(keys=keys)).count
 
     def remove(self, key: str, force: bool = False) -> None:
-        """Delete a key; KeyNotFound if absent, KeyBusy if being written or read (unless force)."""
+        """Delete a key; KeyNotFound if absent, KeyBusy if being written, or being read (a read
+        lease runs) unless `force`: then the key goes at once and its space once the lease ends."""
         err = self.remove_many([key], force)[0]
         if err is not None:
             raise err

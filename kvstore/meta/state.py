@@ -23,6 +23,9 @@ class MetaState:
         self.leases = LeaseTable()       # read leases
         self.pins = LeaseTable()         # client pins
         self.moving: dict[str, int] = {}  # key -> id of its tier move in flight
+        # Space of blocks removed (force) while read-leased: (lease end, locations, size). Readers
+        # may still be copying from it, so it is freed only once their lease has ended.
+        self.retired: list[tuple[float, tuple[int, ...], int]] = []
         self.counters: Counter[str] = Counter()
         self.tier_counters: Counter[tuple[Tier, str]] = Counter()
 
@@ -71,16 +74,31 @@ class MetaState:
             number, offset = unpack_location(loc)
             self.segments.by_number(number).allocator.free(offset, size)
 
-    def drop(self, key: str) -> tuple[int, ...]:
-        """COMPLETE -> ABSENT, freeing its space; returns the locations it had."""
+    def drop(self, key: str, now: float | None = None) -> tuple[int, ...]:
+        """COMPLETE -> ABSENT; returns the locations it had. Its space is freed now, or, given
+        `now` while a read lease still runs, retired until that lease ends (free_retired)."""
         entry = self.index.remove(key)
+        lease_end = self.leases.until(key)
         self.leases.release(key)
         self.pins.release(key)
         self.moving.pop(key, None)       # a move in flight for it is now void
         locations = entry.replicas()
         self.count_blocks(locations, -1)
-        self.free(locations, entry.size)
+        if now is not None and lease_end >= now:
+            self.retired.append((lease_end, locations, entry.size))
+        else:
+            self.free(locations, entry.size)
         return locations
+
+    def free_retired(self, now: float) -> None:
+        """Free the space of removed blocks whose readers' leases have ended."""
+        keep = []
+        for lease_end, locations, size in self.retired:
+            if lease_end < now:
+                self.free(locations, size)
+            else:
+                keep.append((lease_end, locations, size))
+        self.retired = keep
 
     def evict(self, keys: list[str]) -> None:
         for key in keys:
@@ -96,10 +114,12 @@ class MetaState:
     def drop_segment_replicas(self, seg: Segment) -> int:
         """Forget every replica in `seg` (its space goes with the segment); objects left with no
         replica are gone. Returns how many objects lost a replica."""
-        affected = [(k, locs) for k, locs, _ in self.index.all_locations()
-                    if any(unpack_location(loc)[0] == seg.number for loc in locs)]
+        in_seg = lambda loc: unpack_location(loc)[0] == seg.number  # noqa: E731
+        self.retired = [(end, kept, size) for end, locs, size in self.retired
+                        if (kept := tuple(loc for loc in locs if not in_seg(loc)))]
+        affected = [(k, locs) for k, locs, _ in self.index.all_locations() if any(map(in_seg, locs))]
         for key, locs in affected:
-            keep = tuple(loc for loc in locs if unpack_location(loc)[0] != seg.number)
+            keep = tuple(loc for loc in locs if not in_seg(loc))
             complete = self.index.is_complete(key)
             if complete:
                 self.tier_counters[seg.info.tier, "blocks"] -= len(locs) - len(keep)

@@ -25,8 +25,8 @@ from kvstore.types import GrantMode, MoveTask, SegmentInfo, Tier, validate_key
 
 log = logging.getLogger(__name__)
 
-# A put is revoked this long after its write grants expire, so a transfer that started just
-# before expiry cannot land in space already handed to another key.
+# A put is revoked (and a removed block's space freed) this long after its grants expire, so a
+# transfer that started just before expiry cannot meet space already handed to another key.
 REVOKE_GRACE_S = 2.0
 EVICTION_STEP = 0.05   # when out of room, evict at least this share of capacity per round
 RETRY_AFTER_MS = 50
@@ -303,7 +303,7 @@ class MetaStore:
                     results.append(KeyResult(ErrorCode.KEY_BUSY, f"{key!r} is being read (lease ends in "
                                              f"{left:.1f} s); retry then, or remove with force"))
                 else:
-                    self._st.drop(key)
+                    self._st.drop(key, now)    # a leased block's space waits for its readers
                     results.append(OK)
             return results
 
@@ -317,6 +317,7 @@ class MetaStore:
                             self.config.put_lease_ttl_s)
                 self._st.revoke(key)
             self._st.leases.expire(now)
+            self._st.free_retired(now - REVOKE_GRACE_S)   # reads that began just before lease end
             self._st.pins.expire(now)
             self._tiering.expire(now)
             for daemon in self._st.segments.silent_daemons(now, self.config.heartbeat_ttl_s):
@@ -391,7 +392,9 @@ class MetaStore:
                 assert len({daemon_of[n] for n in numbers}) == len(numbers), f"{key}: two replicas on one daemon"
                 for loc in locations:
                     by_segment[unpack_location(loc)[0]].append((unpack_location(loc)[1], size))
-            for loc, size in self._tiering.destinations():
+            moving = list(self._tiering.destinations())
+            retired = [(loc, size) for _, locations, size in st.retired for loc in locations]
+            for loc, size in moving + retired:
                 by_segment[unpack_location(loc)[0]].append((unpack_location(loc)[1], size))
             for seg in st.segments.segments():
                 seg.allocator.check_invariants(by_segment[seg.number])

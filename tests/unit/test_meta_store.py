@@ -101,6 +101,34 @@ def test_read_lease_protects_from_eviction_and_remove(store, clock):
     assert store.exists(["old"]) == [False]
 
 
+def test_force_remove_keeps_a_leased_range_until_its_readers_are_done(store, clock):
+    mount(store, capacity=4096)
+    put(store, ["a"], size=4096)                 # fills the segment
+    [read] = store.get(["a"])[0].grants          # a reader is copying these bytes for 5 s
+    assert store.remove(["a"], force=True)[0].code is ErrorCode.OK
+    assert store.exists(["a"]) == [False] and store.get(["a"])[0].code is ErrorCode.KEY_NOT_FOUND
+    assert store.put_start(["b"], [4096])[0].code is ErrorCode.NO_SPACE   # never the reader's range
+    store.check_invariants()
+    clock.advance(5 + REVOKE_GRACE_S + 1)        # the lease, and the grace for late transfers
+    store.tick()
+    [b] = store.put_start(["b"], [4096])
+    assert b.code is ErrorCode.OK and b.grants[0].offset == read.offset
+    store.put_end(["b"], [1])
+
+
+def test_unmount_forgets_retired_space(store, clock):
+    mount(store)
+    put(store, ["a"])
+    store.get(["a"])
+    store.remove(["a"], force=True)
+    store.unmount_segment("s1")
+    store.check_invariants()
+    clock.advance(6)
+    store.tick()                                 # the retired range went with its segment
+    mount(store)
+    put(store, ["a"])
+
+
 def test_exists_does_not_take_a_lease(store):
     mount(store)
     put(store, ["a"])
