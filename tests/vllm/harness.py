@@ -84,11 +84,19 @@ def kv_config(role: str, meta: str, **extra: Any) -> dict[str, Any]:
             "kv_connector_extra_config": {"meta": meta, **extra}}
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A port free now. vLLM's server cannot report the port it bound to, so it is chosen here."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before by this process. vLLM's server cannot report
+    the port it bound to, so it is chosen here."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 class ApiServer:
@@ -97,25 +105,35 @@ class ApiServer:
 
     def __init__(self, name: str, model: str, kv: dict[str, Any] | None, log_dir: Path,
                  kv_cache_bytes: int = 64 << 20) -> None:
+        self.log_path = Path(log_dir) / f"{name}.log"
+        self._args = ["--model", model, "--host", "127.0.0.1", "--dtype", "float32", "--block-size", "32",
+                      "--max-model-len", "4096", "--kv-cache-memory-bytes", str(kv_cache_bytes), "--enforce-eager"]
+        if kv is not None:
+            self._args += ["--kv-transfer-config", json.dumps(kv)]
+        self._launch()
+
+    def _launch(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_dir) / f"{name}.log"
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--block-size", "32",
-                "--max-model-len", "4096", "--kv-cache-memory-bytes", str(kv_cache_bytes), "--enforce-eager"]
-        if kv is not None:
-            args += ["--kv-transfer-config", json.dumps(kv)]
         with open(self.log_path, "w") as log:
-            self.popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={
-                **os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(self.port), *self._args],
+                stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        """Poll /health until the server answers (vLLM prints no readiness line of its own)."""
+    def wait_ready(self, timeout: float = 300.0, relaunches: int = 2) -> None:
+        """Poll /health until the server answers (vLLM prints no readiness line of its own). The
+        port was free when chosen but vLLM binds it seconds later; if another process took it
+        meanwhile, start again on a new one."""
         import httpx
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
+                if relaunches > 0 and "address already in use" in self.log().lower():
+                    relaunches -= 1
+                    self._launch()
+                    continue
                 raise RuntimeError(f"vLLM server exited ({self.popen.returncode}):\n{self.log()[-4000:]}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
