@@ -24,26 +24,16 @@ from kvstore.checksum import checksum  # noqa: E402
 from kvstore.config import DaemonConfig  # noqa: E402
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
 from kvstore.grant import GrantSigner  # noqa: E402
-from kvstore.storage.base import SegmentStorage  # noqa: E402
-from kvstore.storage.dram import DramSegment  # noqa: E402
 from kvstore.transport import mooncake  # noqa: E402
-from kvstore.transport.base import GrantChecker, Transfer  # noqa: E402
+from kvstore.transport.base import Transfer  # noqa: E402
 from kvstore.transport.mooncake import MooncakeServer, MooncakeTransport  # noqa: E402
-from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier  # noqa: E402
-
-CAPACITY = 32 << 20
-SECRET = b"0123456789abcdef-test-secret"
-
-
-def later_ms(seconds: float = 60.0) -> int:
-    return int((time.time() + seconds) * 1000)
+from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier  # noqa: E402
+from tests.transport_harness import (CAPACITY, SECRET, BytesSegment, Daemon, deadline, get,  # noqa: E402
+                                     later_ms, put, round_trips_from_threads)
 
 
-class BytesSegment(SegmentStorage):
-    tier = Tier.SSD
-
-    def __init__(self, segment_id: str, capacity: int) -> None:
-        self.segment_id, self.capacity = segment_id, capacity
+class NeverAsked(BytesSegment):
+    """A segment the daemon holds but does not register: a one-sided transport never asks for it."""
 
     def read_into(self, offset: int, dest: memoryview) -> None:
         raise AssertionError("a one-sided transport never asks the daemon")
@@ -51,47 +41,24 @@ class BytesSegment(SegmentStorage):
     def write_from(self, offset: int, src: memoryview) -> None:
         raise AssertionError("a one-sided transport never asks the daemon")
 
-    def close(self, remove: bool = True) -> None:
-        pass
 
-
-class Daemon:
-    def __init__(self, shm_dir: str) -> None:
-        self.signer = GrantSigner(SECRET)
-        self.dram = DramSegment("seg-dram", CAPACITY, shm_dir)
-        self.ssd = BytesSegment("seg-ssd", 1 << 20)
-        self.checker = GrantChecker(self.signer, {"seg-dram": self.dram, "seg-ssd": self.ssd}.get)
-        self.server = self.start_server()
-
-    def start_server(self) -> MooncakeServer:
-        server = MooncakeServer(self.checker, DaemonConfig())
-        server.start()
-        server.add_segment(self.dram)
-        server.add_segment(self.ssd)
-        return server
-
-    def info(self, capacity: int = CAPACITY) -> SegmentInfo:
-        return SegmentInfo("seg-dram", "d1", Tier.DRAM, capacity, (self.server.endpoint(self.dram),))
-
-    def grant(self, offset: int, length: int, mode: GrantMode, expires_ms: int | None = None) -> Grant:
-        return self.signer.sign("seg-dram", offset, length, mode, expires_ms or later_ms())
+def start_daemon(shm_dir: str) -> Daemon:
+    return Daemon(shm_dir, MooncakeServer, plain=NeverAsked("seg-ssd", 1 << 20))
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory) -> Iterator[Daemon]:
     """Shared by the tests that leave the daemon serving (an engine takes ~1 s to shut down)."""
-    d = Daemon(str(tmp_path_factory.mktemp("shm")))
+    d = start_daemon(str(tmp_path_factory.mktemp("shm")))
     yield d
-    d.server.stop()
-    d.dram.close()
+    d.close()
 
 
 @pytest.fixture
 def own_daemon(tmp_path) -> Iterator[Daemon]:
-    d = Daemon(str(tmp_path))
+    d = start_daemon(str(tmp_path))
     yield d
-    d.server.stop()
-    d.dram.close()
+    d.close()
 
 
 @pytest.fixture
@@ -99,22 +66,6 @@ def client() -> Iterator[MooncakeTransport]:
     c = MooncakeTransport()
     yield c
     c.close()
-
-
-def deadline(seconds: float = 10.0) -> float:
-    return time.monotonic() + seconds
-
-
-def put(daemon: Daemon, client: MooncakeTransport, offset: int, data: bytes) -> None:
-    transfer = Transfer(daemon.grant(offset, len(data), GrantMode.WRITE), memoryview(data))
-    assert client.write(daemon.info(), [transfer], deadline()) == [checksum(data)]
-
-
-def get(daemon: Daemon, client: MooncakeTransport, offset: int, length: int) -> bytes:
-    out = bytearray(length)
-    transfer = Transfer(daemon.grant(offset, length, GrantMode.READ), memoryview(out))
-    assert client.read(daemon.info(), [transfer], deadline()) == [checksum(out)]
-    return bytes(out)
 
 
 # --- behaviour -----------------------------------------------------------------------------------
@@ -144,31 +95,14 @@ def test_batches_are_split_into_staging_rounds_and_engine_calls(daemon: Daemon, 
 
 
 def test_eight_threads_share_one_transport(daemon: Daemon, client: MooncakeTransport) -> None:
-    errors: list[BaseException] = []
-
-    def worker(n: int) -> None:
-        try:
-            for i in range(20):
-                data = os.urandom(1000 + 9973 * i)
-                offset = n * (2 << 20) + i * 100_000
-                put(daemon, client, offset, data)
-                assert get(daemon, client, offset, len(data)) == data
-        except BaseException as exc:      # reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    round_trips_from_threads(daemon, client, rounds=20, size_step=9973)
 
 
 def test_only_dram_segments_are_offered(daemon: Daemon) -> None:
     ep = daemon.server.endpoint(daemon.dram)
     protocol, base, session = ep.address.split("|")
     assert protocol == "tcp" and int(base) > 0 and session.startswith("127.0.0.1:")
-    assert daemon.server.endpoint(daemon.ssd) is None
+    assert daemon.server.endpoint(daemon.plain) is None
 
 
 def test_engine_refuses_memory_outside_the_segment(daemon: Daemon, client: MooncakeTransport) -> None:
@@ -207,7 +141,7 @@ def test_stopped_daemon_fails_fast_and_a_restart_is_reached(own_daemon: Daemon,
             client.read(old, [Transfer(daemon.grant(0, 6, GrantMode.READ), memoryview(bytearray(6)))],
                         deadline())
         assert time.monotonic() - started < 1.0
-    daemon.server = daemon.start_server()         # a new engine: a new session name
+    daemon.server = daemon.start_server(DaemonConfig())   # a new engine: a new session name
     assert daemon.info().endpoints != old.endpoints
     assert get(daemon, client, 0, 6) == b"before"
 

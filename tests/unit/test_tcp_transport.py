@@ -13,74 +13,22 @@ import pytest
 
 from kvstore.config import DaemonConfig
 from kvstore.errors import ErrorCode, InvalidArgument, PermissionDenied, TransportError
-from kvstore.grant import GrantSigner
-from kvstore.storage.base import SegmentStorage
-from kvstore.storage.dram import DramSegment
 from kvstore.transport import tcp
-from kvstore.transport.base import GrantChecker, Transfer
+from kvstore.transport.base import Transfer
 from kvstore.transport.tcp import TcpServer, TcpTransport
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier
+from tests.transport_harness import CAPACITY, BytesSegment, Daemon, deadline, get, put, round_trips_from_threads
 
-NOW_MS = 1_700_000_000_000
+NOW_MS = 1_700_000_000_000            # the daemon's clock: grants expire by it, not by wall time
 LATER_MS = NOW_MS + 60_000
-CAPACITY = 32 << 20
-SECRET = b"0123456789abcdef-test-secret"
-
-
-class BytesSegment(SegmentStorage):
-    """A tier without view(): exercises the server's bounce-buffer path. read_into can be made to
-    block, to hold a request inside the server."""
-
-    tier = Tier.DRAM
-
-    def __init__(self, segment_id: str, capacity: int) -> None:
-        self.segment_id, self.capacity = segment_id, capacity
-        self.data = bytearray(capacity)
-        self.entered, self.release = threading.Event(), threading.Event()
-        self.release.set()
-
-    def read_into(self, offset: int, dest: memoryview) -> None:
-        self.entered.set()
-        self.release.wait(10)
-        dest[:] = self.data[offset:offset + len(dest)]
-
-    def write_from(self, offset: int, src: memoryview) -> None:
-        self.data[offset:offset + len(src)] = src
-
-    def close(self, remove: bool = True) -> None:
-        pass
-
-
-class Daemon:
-    """A TcpServer with one DRAM and one view-less segment, and the signer that grants on them."""
-
-    def __init__(self, shm_dir: str) -> None:
-        self.signer = GrantSigner(SECRET)
-        self.dram = DramSegment("seg-dram", CAPACITY, shm_dir)
-        self.plain = BytesSegment("seg-plain", 1 << 20)
-        segments = {s.segment_id: s for s in (self.dram, self.plain)}
-        self.checker = GrantChecker(self.signer, segments.get, lambda: NOW_MS)
-        self.server = TcpServer(self.checker, DaemonConfig(host="127.0.0.1", tcp_port=0))
-        self.server.start()
-
-    def info(self, segment: SegmentStorage) -> SegmentInfo:
-        return SegmentInfo(segment.segment_id, "d1", Tier.DRAM, segment.capacity,
-                           (self.server.endpoint(segment),))
-
-    def grant(self, offset: int, length: int, mode: GrantMode, segment: str = "seg-dram",
-              expires_ms: int = LATER_MS) -> Grant:
-        return self.signer.sign(segment, offset, length, mode, expires_ms)
-
-    def snapshot(self) -> bytes:
-        return bytes(self.dram.view(0, CAPACITY))
 
 
 @pytest.fixture
 def daemon(tmp_path) -> Iterator[Daemon]:
-    d = Daemon(str(tmp_path))
+    d = Daemon(str(tmp_path), TcpServer, plain=BytesSegment("seg-plain", 1 << 20, Tier.DRAM),
+               clock_ms=lambda: NOW_MS)
     yield d
-    d.server.stop()
-    d.dram.close()
+    d.close()
 
 
 @pytest.fixture
@@ -88,22 +36,6 @@ def client() -> Iterator[TcpTransport]:
     c = TcpTransport()
     yield c
     c.close()
-
-
-def deadline(seconds: float = 10.0) -> float:
-    return time.monotonic() + seconds
-
-
-def put(daemon: Daemon, client: TcpTransport, offset: int, data: bytes) -> None:
-    transfer = Transfer(daemon.grant(offset, len(data), GrantMode.WRITE), memoryview(data))
-    client.write(daemon.info(daemon.dram), [transfer], deadline())
-
-
-def get(daemon: Daemon, client: TcpTransport, offset: int, length: int) -> bytes:
-    out = bytearray(length)
-    transfer = Transfer(daemon.grant(offset, length, GrantMode.READ), memoryview(out))
-    client.read(daemon.info(daemon.dram), [transfer], deadline())
-    return bytes(out)
 
 
 def raw_request(mode: GrantMode, grants: list[Grant], segment_id: str = "seg-dram") -> bytes:
@@ -178,24 +110,7 @@ def test_batches_over_the_item_limit_are_split(daemon: Daemon, client: TcpTransp
 
 
 def test_eight_threads_share_one_transport(daemon: Daemon, client: TcpTransport) -> None:
-    errors: list[BaseException] = []
-
-    def worker(n: int) -> None:
-        try:
-            for i in range(40):
-                data = os.urandom(1000 + 997 * i)
-                offset = n * (2 << 20) + i * 50_000
-                put(daemon, client, offset, data)
-                assert get(daemon, client, offset, len(data)) == data
-        except BaseException as exc:     # reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    round_trips_from_threads(daemon, client, rounds=40, size_step=997)
 
 
 def test_segment_without_view_uses_bounce_buffers(daemon: Daemon, client: TcpTransport) -> None:
@@ -398,7 +313,5 @@ def test_stop_closes_idle_connections_and_ends_their_threads(daemon: Daemon, cli
 
 def test_pooled_connections_survive_a_daemon_restart(daemon: Daemon, client: TcpTransport) -> None:
     put(daemon, client, 0, b"before")
-    daemon.server.stop()
-    daemon.server = TcpServer(daemon.checker, DaemonConfig(tcp_port=daemon.server.port))
-    daemon.server.start()
+    daemon.restart(DaemonConfig(tcp_port=daemon.server.port))
     assert get(daemon, client, 0, 6) == b"before"

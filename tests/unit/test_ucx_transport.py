@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,69 +16,20 @@ import pytest
 pytest.importorskip("ucxx", reason="the ucx transport needs the ucx extra: pip install 'kvstore[ucx]'")
 
 from kvstore.checksum import checksum  # noqa: E402
-from kvstore.config import DaemonConfig  # noqa: E402
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
 from kvstore.grant import GrantSigner  # noqa: E402
-from kvstore.storage.base import SegmentStorage  # noqa: E402
-from kvstore.storage.dram import DramSegment  # noqa: E402
 from kvstore.transport import ucx  # noqa: E402
-from kvstore.transport.base import GrantChecker, Transfer  # noqa: E402
+from kvstore.transport.base import Transfer  # noqa: E402
 from kvstore.transport.ucx import UcxServer, UcxTransport  # noqa: E402
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier  # noqa: E402
 from tests.cluster import wait_until  # noqa: E402
-
-CAPACITY = 32 << 20
-SECRET = b"0123456789abcdef-test-secret"
-
-
-def later_ms(seconds: float = 60.0) -> int:
-    return int((time.time() + seconds) * 1000)
-
-
-class BytesSegment(SegmentStorage):
-    """A tier without view(): the server moves its bytes through bounce buffers."""
-
-    tier = Tier.SSD
-
-    def __init__(self, segment_id: str, capacity: int) -> None:
-        self.segment_id, self.capacity = segment_id, capacity
-        self.data = bytearray(capacity)
-
-    def read_into(self, offset: int, dest: memoryview) -> None:
-        dest[:] = self.data[offset:offset + len(dest)]
-
-    def write_from(self, offset: int, src: memoryview) -> None:
-        self.data[offset:offset + len(src)] = src
-
-    def close(self, remove: bool = True) -> None:
-        pass
-
-
-class Daemon:
-    def __init__(self, shm_dir: str) -> None:
-        self.signer = GrantSigner(SECRET)
-        self.dram = DramSegment("seg-dram", CAPACITY, shm_dir)
-        self.plain = BytesSegment("seg-plain", 1 << 20)
-        segments = {s.segment_id: s for s in (self.dram, self.plain)}
-        self.checker = GrantChecker(self.signer, segments.get)
-        self.server = UcxServer(self.checker, DaemonConfig())
-        self.server.start()
-
-    def info(self, segment: SegmentStorage) -> SegmentInfo:
-        return SegmentInfo(segment.segment_id, "d1", segment.tier, segment.capacity,
-                           (self.server.endpoint(segment),))
-
-    def grant(self, offset: int, length: int, mode: GrantMode, segment: str = "seg-dram",
-              expires_ms: int | None = None) -> Grant:
-        return self.signer.sign(segment, offset, length, mode, expires_ms or later_ms())
-
+from tests.transport_harness import CAPACITY, SECRET, Daemon, deadline, get, later_ms, put, round_trips_from_threads  # noqa: E402
 
 @pytest.fixture
 def daemon(tmp_path) -> Iterator[Daemon]:
-    d = Daemon(str(tmp_path))
+    d = Daemon(str(tmp_path), UcxServer)
     yield d
-    d.server.stop()
-    d.dram.close()
+    d.close()
 
 
 @pytest.fixture
@@ -87,22 +37,6 @@ def client() -> Iterator[UcxTransport]:
     c = UcxTransport()
     yield c
     c.close()
-
-
-def deadline(seconds: float = 10.0) -> float:
-    return time.monotonic() + seconds
-
-
-def put(daemon: Daemon, client: UcxTransport, offset: int, data: bytes) -> None:
-    transfer = Transfer(daemon.grant(offset, len(data), GrantMode.WRITE), memoryview(data))
-    client.write(daemon.info(daemon.dram), [transfer], deadline())
-
-
-def get(daemon: Daemon, client: UcxTransport, offset: int, length: int) -> bytes:
-    out = bytearray(length)
-    transfer = Transfer(daemon.grant(offset, length, GrantMode.READ), memoryview(out))
-    assert client.read(daemon.info(daemon.dram), [transfer], deadline()) == [checksum(out)]
-    return bytes(out)
 
 
 # --- behaviour -----------------------------------------------------------------------------------
@@ -130,24 +64,7 @@ def test_batch_of_small_blocks(daemon: Daemon, client: UcxTransport, count: int)
 
 
 def test_eight_threads_share_one_transport(daemon: Daemon, client: UcxTransport) -> None:
-    errors: list[BaseException] = []
-
-    def worker(n: int) -> None:
-        try:
-            for i in range(20):
-                data = os.urandom(1000 + 9973 * i)
-                offset = n * (2 << 20) + i * 100_000
-                put(daemon, client, offset, data)
-                assert get(daemon, client, offset, len(data)) == data
-        except BaseException as exc:      # reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    round_trips_from_threads(daemon, client, rounds=20, size_step=9973)
 
 
 def test_segment_without_view_uses_bounce_buffers(daemon: Daemon, client: UcxTransport) -> None:
@@ -256,9 +173,7 @@ def test_stopped_daemon_fails_at_the_deadline(daemon: Daemon, client: UcxTranspo
 
 def test_restarted_daemon_is_reached_with_the_same_client(daemon: Daemon, client: UcxTransport) -> None:
     put(daemon, client, 0, b"before")
-    daemon.server.stop()
-    daemon.server = UcxServer(daemon.checker, DaemonConfig())
-    daemon.server.start()
+    daemon.restart()
     assert get(daemon, client, 0, 6) == b"before"
 
 
