@@ -36,6 +36,7 @@ class KVClient:
         self._meta = MetaChannel(meta_address, self.config.timeout_s, self.config.fast_lane)
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
+        self._released: list[int] = []    # read leases of finished reads, ended with the next call
 
     def __enter__(self) -> "KVClient":
         return self
@@ -75,7 +76,7 @@ class KVClient:
 
     def remove_many(self, keys: Sequence[str], force: bool = False) -> list[KVStoreError | None]:
         _validate(keys)
-        resp = self._rpc("Remove", pb.RemoveRequest(keys=keys, force=force))
+        resp = self._rpc("Remove", pb.RemoveRequest(keys=keys, force=force, released=self._take_released()))
         return [wire.status_error(s) for s in resp.results]
 
     def stats(self) -> StoreStats:
@@ -193,11 +194,7 @@ class KVClient:
     def get_many(self, keys: Sequence[str]) -> list[bytes]:
         """The values of `keys`; raises KeyNotFound (or another error) for the first that fails."""
         metas = self._get_meta(keys)
-        buffers = []
-        for key, (result, _) in zip(keys, metas):
-            if result.status.code != ErrorCode.OK:
-                raise error_for(result.status.code, result.status.message)
-            buffers.append(bytearray(result.size))
+        buffers = [bytearray(result.size) for result, _ in metas]   # empty for a failed key
         sizes = self._read(keys, metas, [memoryview(b) for b in buffers], strict=True)
         return [bytes(b) if len(b) == n else bytes(b[:n]) for b, n in zip(buffers, sizes)]
 
@@ -216,11 +213,25 @@ class KVClient:
 
     def _get_meta(self, keys: Sequence[str]) -> list[tuple[Any, dict[str, SegmentInfo]]]:
         _validate(keys)
-        resp = self._rpc("Get", pb.GetRequest(keys=keys))
+        resp = self._rpc("Get", pb.GetRequest(keys=keys, released=self._take_released()))
         segments = wire.segments_by_id(resp.segments)
         return [(r, segments) for r in resp.results]
 
+    def _take_released(self) -> list[int]:
+        with self._lock:
+            ids, self._released = self._released, []
+        return ids
+
     def _read(self, keys: Sequence[str], metas: list, views: list[memoryview], strict: bool) -> list[Any]:
+        """Read every key of a Get, then hand its read leases back (with this client's next Get
+        or Remove): nothing is copied from those blocks any more."""
+        try:
+            return self._read_replicas(keys, metas, views, strict)
+        finally:
+            with self._lock:
+                self._released.extend(result.lease_id for result, _ in metas if result.lease_id)
+
+    def _read_replicas(self, keys: Sequence[str], metas: list, views: list[memoryview], strict: bool) -> list[Any]:
         out: list[Any] = [None] * len(keys)
         # Each key tries its replicas in preference order until one read succeeds.
         todo: dict[int, list[tuple[SegmentInfo, Grant]]] = {}

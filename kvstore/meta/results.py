@@ -37,3 +37,4 @@ class GetResult:
     size: int = 0
     checksum: int = 0
     grants: tuple[Grant, ...] = ()
+    lease_id: int = 0             # the reader hands it back (GetRequest/RemoveRequest.released) when done

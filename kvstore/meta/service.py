@@ -88,10 +88,11 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_translating
     def Get(self, request, context):
-        results = self.store.get(list(request.keys))
+        results = self.store.get(list(request.keys), list(request.released))
         grant = wire.grant_to_pb
         return pb.GetResponse(   # an unset status reads as OK (code 0): most results leave it out
-            results=[pb.GetResult(size=r.size, checksum=r.checksum, replicas=[grant(g) for g in r.grants])
+            results=[pb.GetResult(size=r.size, checksum=r.checksum, replicas=[grant(g) for g in r.grants],
+                                  lease_id=r.lease_id)
                      if r.code is ErrorCode.OK else pb.GetResult(status=wire.status_to_pb(r.code, r.message))
                      for r in results],
             segments=_referenced_segments(self.store, (r.grants for r in results)),
@@ -107,7 +108,7 @@ class MetaServicer(pb_grpc.MetaServiceServicer):
 
     @_translating
     def Remove(self, request, context):
-        results = self.store.remove(list(request.keys), request.force)
+        results = self.store.remove(list(request.keys), request.force, list(request.released))
         return pb.RemoveResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
 
     @_translating

@@ -8,24 +8,36 @@ logic (moves between tiers) both act through it, under the store's one lock.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from kvstore.meta.index import ObjectIndex
-from kvstore.meta.lease import LeaseTable
+from kvstore.meta.lease import LeaseTable, ReadLeases
 from kvstore.meta.segments import Segment, SegmentTable, unpack_location
 from kvstore.types import Tier
+
+
+@dataclass
+class Retired:
+    """A removed block's space, kept while the read leases `readers` (ids) may still be copying."""
+
+    until: float                      # the last of those leases runs out
+    locations: tuple[int, ...]
+    size: int
+    readers: set[int]
 
 
 class MetaState:
     def __init__(self) -> None:
         self.index = ObjectIndex()
         self.segments = SegmentTable()
-        self.leases = LeaseTable()       # read leases
+        self.leases = ReadLeases()
         self.pins = LeaseTable()         # client pins
         self.moving: dict[str, int] = {}  # key -> id of its tier move in flight
-        # Space of blocks removed (force) while read-leased: (lease end, locations, size). Readers
-        # may still be copying from it, so it is freed only once their lease has ended.
-        self.retired: list[tuple[float, tuple[int, ...], int]] = []
+        # Blocks removed (force) while read-leased: readers may still be copying from their space,
+        # which is freed once each of those leases has ended or been released.
+        self.retired: list[Retired] = []
+        self._retired_by_lease: dict[int, Retired] = {}
         self.counters: Counter[str] = Counter()
         self.tier_counters: Counter[tuple[Tier, str]] = Counter()
 
@@ -76,29 +88,40 @@ class MetaState:
 
     def drop(self, key: str, now: float | None = None) -> tuple[int, ...]:
         """COMPLETE -> ABSENT; returns the locations it had. Its space is freed now, or, given
-        `now` while a read lease still runs, retired until that lease ends (free_retired)."""
+        `now` while read leases on it still run, retired until they end (end_leases, free_retired)."""
         entry = self.index.remove(key)
-        lease_end = self.leases.until(key)
-        self.leases.release(key)
+        running = {i: t for i, t in self.leases.release(key).items() if now is not None and t >= now}
         self.pins.release(key)
         self.moving.pop(key, None)       # a move in flight for it is now void
         locations = entry.replicas()
         self.count_blocks(locations, -1)
-        if now is not None and lease_end >= now:
-            self.retired.append((lease_end, locations, entry.size))
+        if running:
+            retired = Retired(max(running.values()), locations, entry.size, set(running))
+            self.retired.append(retired)
+            self._retired_by_lease.update(dict.fromkeys(running, retired))
         else:
             self.free(locations, entry.size)
         return locations
 
+    def end_leases(self, lease_ids: Iterable[int]) -> None:
+        """Readers are done: end their leases; a retired block's space is freed with its last."""
+        for lease_id in lease_ids:
+            if self.leases.end(lease_id):
+                continue
+            retired = self._retired_by_lease.pop(lease_id, None)
+            if retired is not None:
+                retired.readers.discard(lease_id)
+                if not retired.readers:
+                    self.retired.remove(retired)
+                    self.free(retired.locations, retired.size)
+
     def free_retired(self, now: float) -> None:
-        """Free the space of removed blocks whose readers' leases have ended."""
-        keep = []
-        for lease_end, locations, size in self.retired:
-            if lease_end < now:
-                self.free(locations, size)
-            else:
-                keep.append((lease_end, locations, size))
-        self.retired = keep
+        """Free the space of removed blocks whose readers' leases ran out before `now`."""
+        for retired in [r for r in self.retired if r.until < now]:
+            self.retired.remove(retired)
+            for lease_id in retired.readers:
+                del self._retired_by_lease[lease_id]
+            self.free(retired.locations, retired.size)
 
     def evict(self, keys: list[str]) -> None:
         for key in keys:
@@ -115,8 +138,8 @@ class MetaState:
         """Forget every replica in `seg` (its space goes with the segment); objects left with no
         replica are gone. Returns how many objects lost a replica."""
         in_seg = lambda loc: unpack_location(loc)[0] == seg.number  # noqa: E731
-        self.retired = [(end, kept, size) for end, locs, size in self.retired
-                        if (kept := tuple(loc for loc in locs if not in_seg(loc)))]
+        for retired in self.retired:     # space in `seg` goes with it
+            retired.locations = tuple(loc for loc in retired.locations if not in_seg(loc))
         affected = [(k, locs) for k, locs, _ in self.index.all_locations() if any(map(in_seg, locs))]
         for key, locs in affected:
             keep = tuple(loc for loc in locs if not in_seg(loc))

@@ -176,11 +176,13 @@ class MetaStore:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def get(self, keys: Sequence[str]) -> list[GetResult]:
-        """Read grants for each key's replicas, and a read lease that keeps them in place."""
+    def get(self, keys: Sequence[str], released: Sequence[int] = ()) -> list[GetResult]:
+        """Read grants for each key's replicas, and a read lease that keeps them in place (its id
+        comes back in `released` of a later Get or Remove once the reader is done)."""
         _validate_keys(keys)
         with self._lock:
             now = self._clock.now()
+            self._st.end_leases(released)
             until = now + self.config.lease_ttl_s
             until_ms, sign = int(until * 1000), self._signer.sign
             results = []
@@ -190,7 +192,7 @@ class MetaStore:
                     results.append(self._miss(key))
                     continue
                 self._st.index.touch(key)
-                self._st.leases.hold(key, until)
+                lease_id = self._st.leases.hold(key, until)
                 grants, ssd_only = [], True
                 for loc in entry.replicas():
                     seg = self._st.segment_of(loc)
@@ -200,7 +202,8 @@ class MetaStore:
                     grants.append(sign(seg.segment_id, unpack_location(loc)[1], entry.size, GrantMode.READ, until_ms))
                 if ssd_only:
                     self._tiering.note_ssd_read(key)
-                results.append(GetResult(size=entry.size, checksum=entry.checksum, grants=tuple(grants)))
+                results.append(GetResult(size=entry.size, checksum=entry.checksum, grants=tuple(grants),
+                                         lease_id=lease_id))
             return results
 
     def _miss(self, key: str) -> GetResult:
@@ -286,10 +289,13 @@ class MetaStore:
 
     # -- removal and eviction -------------------------------------------------------------------
 
-    def remove(self, keys: Sequence[str], force: bool = False) -> list[KeyResult]:
+    def remove(self, keys: Sequence[str], force: bool = False, released: Sequence[int] = ()) -> list[KeyResult]:
+        """Delete keys. A key with read leases running is KEY_BUSY, unless `force`: then it goes at
+        once and its space when those leases end. `released`: read leases to end first."""
         _validate_keys(keys)
         with self._lock:
             now = self._clock.now()
+            self._st.end_leases(released)
             results = []
             for key in keys:
                 state = self._st.index.state(key)
@@ -393,7 +399,7 @@ class MetaStore:
                 for loc in locations:
                     by_segment[unpack_location(loc)[0]].append((unpack_location(loc)[1], size))
             moving = list(self._tiering.destinations())
-            retired = [(loc, size) for _, locations, size in st.retired for loc in locations]
+            retired = [(loc, r.size) for r in st.retired for loc in r.locations]
             for loc, size in moving + retired:
                 by_segment[unpack_location(loc)[0]].append((unpack_location(loc)[1], size))
             for seg in st.segments.segments():

@@ -95,11 +95,15 @@ def test_buffer_too_small_and_wrong_types(client):
 def test_full_store_with_everything_leased_is_no_space(client):
     keys = [f"fill/{i}" for i in range(100)]
     written = []
-    client.get_many(list(COMMITTED))           # lease them: a full store evicts unleased blocks
+
+    def lease(keys):                           # a Get whose reader is still copying: leased
+        client._rpc("Get", pb.GetRequest(keys=keys))
+
+    lease(list(COMMITTED))                     # a full store would evict them otherwise
     with pytest.raises(NoSpace):
         for k in keys:
             client.put(k, bytes(1 << 20))
-            client.get(k)                      # leased: cannot be evicted
+            lease([k])                         # cannot be evicted
             written.append(k)
     assert written
     client.remove_many(written, force=True)

@@ -76,3 +76,24 @@ def test_four_processes_random_ops_no_corruption(cluster, in_process_meta):
     assert not errors, errors
     assert sum(r["get"] for r in results) > 0 and sum(r["put"] for r in results) > 0
     in_process_meta.store.check_invariants()
+
+
+def test_finished_reads_hand_their_leases_back(cluster):
+    """A client's own reads do not hold a key past their end: it can remove it at once (no
+    force), and a force-remove under another client's read frees the space when that one is done."""
+    _, address = cluster.meta()
+    cluster.daemon(address, "16MiB", None, "--segment-size", "16MiB")
+    with KVClient(address) as a, KVClient(address) as b:
+        a.put("mine", b"x" * 100)
+        assert a.get("mine") == b"x" * 100
+        a.remove("mine")                              # no KeyBusy: the lease went back with it
+        assert a.exists("mine") is False
+
+        a.put("big", block(9, 0, 12 << 20))
+        assert b.get("big") == block(9, 0, 12 << 20)  # b reads; its lease goes back on its next call
+        used = a.stats().used
+        a.remove("big", force=True)
+        assert a.exists("big") is False and a.stats().used == used   # b may still be copying
+        b.get_many([])                                # b's next Get hands its lease back
+        assert a.stats().used == used - (12 << 20)
+        a.put("next", block(9, 1, 12 << 20))          # the 12 MiB are free again

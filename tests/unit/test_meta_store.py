@@ -116,6 +116,32 @@ def test_force_remove_keeps_a_leased_range_until_its_readers_are_done(store, clo
     store.put_end(["b"], [1])
 
 
+def test_a_released_lease_no_longer_holds_the_key(store, clock):
+    mount(store)
+    put(store, ["a"])
+    [first] = store.get(["a"])
+    [second] = store.get(["a"])                  # two readers: two leases
+    assert first.lease_id != second.lease_id
+    assert store.remove(["a"], released=[first.lease_id])[0].code is ErrorCode.KEY_BUSY
+    assert store.remove(["a"], released=[second.lease_id, 12345])[0].code is ErrorCode.OK  # unknown ids: ignored
+    store.get(["b"], released=[first.lease_id])  # a release that comes twice changes nothing
+    store.check_invariants()
+
+
+def test_force_removed_space_is_freed_when_its_last_reader_releases(store, clock):
+    mount(store, capacity=4096)
+    put(store, ["a"], size=4096)
+    leases = [store.get(["a"])[0].lease_id for _ in range(2)]
+    store.remove(["a"], force=True)
+    store.get([], released=leases[:1])
+    assert store.put_start(["b"], [4096])[0].code is ErrorCode.NO_SPACE   # one reader still copying
+    store.get([], released=leases[1:])
+    assert store.put_start(["b"], [4096])[0].code is ErrorCode.OK           # no tick needed
+    store.put_end(["b"], [1])
+    store.tick()                                 # the retired record is not freed a second time
+    store.check_invariants()
+
+
 def test_unmount_forgets_retired_space(store, clock):
     mount(store)
     put(store, ["a"])
