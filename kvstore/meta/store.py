@@ -15,6 +15,7 @@ from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.grant import GrantSigner
+from kvstore.meta import pins
 from kvstore.meta.eviction import EvictionPolicy, LRUEviction
 from kvstore.meta.index import ObjectState
 from kvstore.meta.results import OK, DaemonStats, GetResult, KeyResult, PutStartResult, StoreStats, TierStats
@@ -236,46 +237,11 @@ class MetaStore:
         if ttl_s <= 0:
             raise InvalidArgument("a pin needs a positive ttl")
         with self._lock:
-            now = self._clock.now()
-            self._st.pins.expire(now)
-            pinned = self._pinned_bytes()
-            results = []
-            for key in keys:
-                entry = self._st.index.get(key)
-                if entry is None:
-                    results.append(KeyResult(ErrorCode.KEY_NOT_FOUND, f"{key!r} is not stored; put it first"))
-                    continue
-                tiers = [self._st.tier_of(loc) for loc in entry.replicas()]
-                if not self._st.pins.held(key, now):
-                    over = [t for t in tiers if pinned.get(t, 0) + entry.size >
-                            self.config.pin_cap * self._st.usage(t)[1]]
-                    if over:
-                        results.append(KeyResult(ErrorCode.NO_SPACE, f"pins on tier {over[0].value} would pass "
-                                                 f"{self.config.pin_cap:.0%} of its capacity; unpin something"))
-                        continue
-                    for t in tiers:
-                        pinned[t] = pinned.get(t, 0) + entry.size
-                self._st.pins.hold(key, now + ttl_s)
-                results.append(OK)
-            return results
+            return pins.pin(self._st, keys, ttl_s, self.config.pin_cap, self._clock.now())
 
     def unpin(self, keys: Sequence[str]) -> list[KeyResult]:
         with self._lock:
-            results = []
-            for key in keys:
-                held = key in self._st.pins.keys()
-                self._st.pins.release(key)
-                results.append(OK if held else KeyResult(ErrorCode.KEY_NOT_FOUND, f"{key!r} is not pinned"))
-            return results
-
-    def _pinned_bytes(self) -> dict[Tier, int]:
-        total: dict[Tier, int] = {}
-        for key in self._st.pins.keys():
-            entry = self._st.index.get(key)
-            for loc in entry.replicas() if entry else ():
-                tier = self._st.tier_of(loc)
-                total[tier] = total.get(tier, 0) + entry.size
-        return total
+            return pins.unpin(self._st, keys)
 
     # -- tier moves (the daemon's side) ---------------------------------------------------------
 
