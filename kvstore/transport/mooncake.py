@@ -16,7 +16,7 @@ Trust boundary: like shm, the daemon never sees a request, so it cannot check gr
 that reaches the daemon engine's two ports (the engine binds them on every interface, whatever
 host is configured) can read or write every registered segment, and nothing else: the engine
 refuses ranges outside registered memory, and only segment memory is registered. The client
-confines itself to its granted ranges, refuses expired write grants, and fails fast on a dead
+confines itself to its granted ranges, refuses expired grants, and fails fast on a dead
 daemon. Offer this transport only on a trusted network.
 """
 
@@ -394,7 +394,7 @@ def _copy_hashing(dst: memoryview, src: memoryview, h) -> None:
 
 def _checked_view(segment: SegmentInfo, t: Transfer, mode: GrantMode) -> memoryview:
     """t.buffer as flat bytes after the checks the daemon cannot make: grant for this segment and
-    direction, range inside it, buffer the grant's size, write grant not expired."""
+    direction, range inside it, buffer the grant's size, grant not expired."""
     g, buf = t.grant, t.buffer
     if g.segment_id != segment.segment_id or g.mode != mode:
         raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for "
@@ -404,7 +404,7 @@ def _checked_view(segment: SegmentInfo, t: Transfer, mode: GrantMode) -> memoryv
     if buf.nbytes != g.length or g.offset + g.length > segment.capacity:
         raise InvalidArgument(f"buffer of {buf.nbytes} bytes does not match grant [{g.offset}, +{g.length}) "
                               f"in a {segment.capacity}-byte segment")
-    if mode is GrantMode.WRITE and g.expires_ms < int(time.time() * 1000):
-        # The space may already belong to another key: writing now could corrupt it.
-        raise PermissionDenied("write grant expired: put again")
+    if g.expires_ms < int(time.time() * 1000):
+        # The space may already belong to another key: writing could corrupt it, reading return it.
+        raise PermissionDenied(f"{mode.name.lower()} grant expired: {'put' if mode is GrantMode.WRITE else 'get'} again")
     return buf.cast("B")

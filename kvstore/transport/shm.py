@@ -6,7 +6,7 @@ daemon does nothing per request.
 
 Trust boundary: the daemon cannot check grants here, so any process of the daemon's user that can
 open the files (mode 0600) can touch whole segments. The client still confines itself to granted
-ranges, refuses expired write grants, and refuses a segment whose daemon process has died.
+ranges, refuses expired grants, and refuses a segment whose daemon process has died.
 
 Endpoint address: "<host_id>|<daemon pid>|<path>".
 """
@@ -132,9 +132,11 @@ class ShmTransport(Transport):
             if g.segment_id != segment.segment_id or g.mode != mode:
                 raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for "
                                       f"{segment.segment_id}/{mode.name}")
-            if mode is GrantMode.WRITE and g.expires_ms < now_ms:
-                # The space may already belong to another key: writing now could corrupt it.
-                raise PermissionDenied(f"write grant expired {now_ms - g.expires_ms} ms ago: put again")
+            if g.expires_ms < now_ms:
+                # The space may already belong to another key: writing now could corrupt it, and
+                # reading could return its bytes.
+                raise PermissionDenied(f"{mode.name.lower()} grant expired {now_ms - g.expires_ms} ms ago: "
+                                       f"{'put' if mode is GrantMode.WRITE else 'get'} again")
             if len(t.buffer) != g.length or g.offset + g.length > segment.capacity:
                 raise InvalidArgument(f"buffer of {len(t.buffer)} bytes does not match grant "
                                       f"[{g.offset}, +{g.length}) in a {segment.capacity}-byte segment")

@@ -162,14 +162,15 @@ def deadline_in(seconds):
     return time.monotonic() + seconds
 
 
-def test_stale_grant_is_refused(client, served):
-    from kvstore.transport.tcp import TcpTransport
+@pytest.mark.parametrize("transport", ["tcp", "shm"])   # checked by the daemon / by the client
+def test_stale_grant_is_refused(client, served, transport):
+    from kvstore.transport import registry
 
     resp = raw_stub(served).Get(pb.GetRequest(keys=["keep/3"]))
     g = wire.grant_from_pb(resp.results[0].replicas[0])
     seg = wire.segments_by_id(resp.segments)[g.segment_id]
     expired = Grant(g.segment_id, g.offset, g.length, g.mode, 1, g.mac)   # MAC no longer matches either
-    t = TcpTransport()
+    t = registry.client_class(transport)()
     try:
         with pytest.raises(PermissionDenied):
             t.read(seg, [wire_transfer(expired, bytearray(g.length))], deadline_in(5))

@@ -127,6 +127,9 @@ def test_client_confines_itself_to_its_grants(daemon: Daemon, client: MooncakeTr
     expired = daemon.grant(0, 10, GrantMode.WRITE, expires_ms=later_ms(-1))
     with pytest.raises(PermissionDenied, match="expired"):
         client.write(info, [Transfer(expired, memoryview(bytes(10)))], deadline())
+    expired = daemon.grant(0, 10, GrantMode.READ, expires_ms=later_ms(-1))   # its space may be reused
+    with pytest.raises(PermissionDenied, match="expired"):
+        client.read(info, [Transfer(expired, memoryview(bytearray(10)))], deadline())
 
 
 def test_stopped_daemon_fails_fast_and_a_restart_is_reached(own_daemon: Daemon,
