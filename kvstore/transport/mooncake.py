@@ -50,6 +50,9 @@ from kvstore.transport.base import GrantChecker, Transfer, Transport, TransportS
 from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier  # noqa: E402
 
 _MAX_ENTRIES = 4096            # transfers per engine call
+# Blocks go to the engine in pieces of at most this: it moves a batch's entries in parallel, and
+# measured here (tcp) 1 MiB moved as 2 x 512 KiB at 3.5 GB/s, as one entry at 1.1 GB/s.
+_ENTRY = 512 << 10
 _DEAD_FOR_S = 2.0              # a daemon found gone after a failed call is not tried for this long
 _STAGING = 64 << 20            # bytes per staging buffer: the most one round moves
 _STAGING_KEPT = 4              # idle staging buffers kept per transport
@@ -325,10 +328,11 @@ class MooncakeTransport(Transport):
         if mode is GrantMode.WRITE:
             for piece, at in round_:
                 _copy_hashing(stage[at:at + piece.local.nbytes], piece.local, hashes[piece.transfer])
-        for start in range(0, len(round_), _MAX_ENTRIES):
-            batch = round_[start:start + _MAX_ENTRIES]
-            self._call(engine, session, mode, [base + at for _, at in batch], [p.remote for p, _ in batch],
-                       [p.local.nbytes for p, _ in batch], segment, deadline)
+        entries = [(base + at + k, piece.remote + k, min(_ENTRY, piece.local.nbytes - k))
+                   for piece, at in round_ for k in range(0, piece.local.nbytes, _ENTRY)]
+        for start in range(0, len(entries), _MAX_ENTRIES):
+            local, remote, lengths = zip(*entries[start:start + _MAX_ENTRIES])
+            self._call(engine, session, mode, list(local), list(remote), list(lengths), segment, deadline)
         if mode is GrantMode.READ:
             for piece, at in round_:
                 _copy_hashing(piece.local, stage[at:at + piece.local.nbytes], hashes[piece.transfer])
@@ -364,13 +368,13 @@ class MooncakeTransport(Transport):
             with self._lock:
                 self._dead[session] = time.monotonic() + _DEAD_FOR_S
         if listening is None:
-            raise TransportError(f"mooncake {mode.name.lower()} of {len(local)} blocks in segment "
+            raise TransportError(f"mooncake {mode.name.lower()} of {len(local)} pieces in segment "
                                  f"{segment.segment_id} failed: {session} does not answer")
         if listening is False:
-            raise _PeerGone(f"mooncake {mode.name.lower()} of {len(local)} blocks in segment "
+            raise _PeerGone(f"mooncake {mode.name.lower()} of {len(local)} pieces in segment "
                             f"{segment.segment_id} failed: nothing listens at {session} any more; "
                             "its daemon has stopped")
-        raise TransportError(f"mooncake {mode.name.lower()} of {len(local)} blocks in segment "
+        raise TransportError(f"mooncake {mode.name.lower()} of {len(local)} pieces in segment "
                              f"{segment.segment_id} at {session} failed (rc {rc}): the daemon is hung "
                              "or overloaded, or refused the range (segment unmounted?)")
 
