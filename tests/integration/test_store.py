@@ -81,7 +81,7 @@ def test_four_processes_random_ops_no_corruption(cluster, in_process_meta):
 def test_finished_reads_hand_their_leases_back(cluster):
     """A client's own reads do not hold a key past their end: it can remove it at once (no
     force), and a force-remove under another client's read frees the space when that one is done."""
-    _, address = cluster.meta()
+    _, address = cluster.meta({"KVSTORE_META_LEASE_TTL_S": "60"})   # no lease runs out meanwhile
     cluster.daemon(address, "16MiB", None, "--segment-size", "16MiB")
     with KVClient(address) as a, KVClient(address) as b:
         a.put("mine", b"x" * 100)
