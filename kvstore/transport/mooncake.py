@@ -23,7 +23,6 @@ daemon. Offer this transport only on a trusted network.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import socket
 import threading
@@ -47,6 +46,7 @@ from kvstore.config import ClientConfig, DaemonConfig  # noqa: E402
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError, Unavailable  # noqa: E402
 from kvstore.storage.base import SegmentStorage  # noqa: E402
 from kvstore.transport.base import GrantChecker, Transfer, Transport, TransportServer  # noqa: E402
+from kvstore.transport import mooncake_staging  # noqa: E402
 from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier  # noqa: E402
 
 _MAX_ENTRIES = 4096            # transfers per engine call
@@ -54,10 +54,7 @@ _MAX_ENTRIES = 4096            # transfers per engine call
 # measured here (tcp) 1 MiB moved as 2 x 512 KiB at 3.5 GB/s, as one entry at 1.1 GB/s.
 _ENTRY = 512 << 10
 _DEAD_FOR_S = 2.0              # a daemon found gone after a failed call is not tried for this long
-_STAGING = 64 << 20            # bytes per staging buffer: the most one round moves
-_STAGING_KEPT = 4              # idle staging buffers kept per transport
 _HASH_PIECE = 1 << 20          # copied and hashed together, while in cache
-_log = logging.getLogger(__name__)
 # Every sync call busy-polls a core until it completes, and more concurrent calls do not move more
 # bytes; past this many, calls wait their turn (bounded by their deadline).
 _CALLS = threading.BoundedSemaphore(max(1, min(4, (os.cpu_count() or 2) // 2)))
@@ -202,48 +199,6 @@ class _Engines:
         return cls._engine is None or cls._protocol == protocol
 
 
-class _Staging:
-    """Registered memory the engine moves bytes through: a few 64 MiB buffers, each registered
-    once (on rdma; tcp needs no registration) and reused call after call.
-
-    Nothing else is handed to the engine, because it keeps going after a call fails: measured
-    here, a read that returned -1 from a stopped daemon had another 200 MiB land in its buffer
-    once the daemon resumed. A buffer of a failed call is therefore never reused nor freed (the
-    engine might write to it, or read it, after it was unmapped)."""
-
-    def __init__(self, register: bool) -> None:
-        self._register = register
-        self._idle: list[np.ndarray] = []
-        self._lock = threading.Lock()
-        self.abandoned: list[np.ndarray] = []
-
-    def take(self, engine: TransferEngine) -> np.ndarray:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        buf = np.empty(_STAGING, np.uint8)
-        if self._register and engine.register_memory(buf.ctypes.data, _STAGING) != 0:
-            raise TransportError("mooncake: registering a staging buffer failed")
-        return buf
-
-    def give_back(self, buf: np.ndarray, clean: bool) -> None:
-        with self._lock:
-            if not clean:
-                self.abandoned.append(buf)
-                _log.warning("mooncake: a failed transfer may still touch %d MiB of staging memory; "
-                             "it is set aside for good (%d so far)", _STAGING >> 20, len(self.abandoned))
-            elif len(self._idle) < _STAGING_KEPT:
-                self._idle.append(buf)
-
-    def release(self, engine: TransferEngine | None) -> None:
-        """Unregister and drop the idle buffers."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        if engine is not None and self._register:
-            for buf in idle:
-                engine.unregister_memory(buf.ctypes.data)
-
-
 @dataclass(frozen=True)
 class _Piece:
     """Part of one transfer that fits a staging round."""
@@ -254,7 +209,7 @@ class _Piece:
 
 
 class MooncakeTransport(Transport):
-    """Moves bytes through registered staging memory (see _Staging), in rounds of at most 64 MiB,
+    """Moves bytes through registered staging memory (see mooncake_staging), in rounds of at most 64 MiB,
     each one engine batch call (entries chunked at 4096); the copy in or out of staging computes
     each block's checksum, so the client does not read the bytes again."""
 
@@ -265,7 +220,7 @@ class MooncakeTransport(Transport):
         self._dead: dict[str, float] = {}             # session -> monotonic time to retry at
         self._lock = threading.Lock()
         self._engine: TransferEngine | None = None
-        self._staging: _Staging | None = None
+        self._staging: mooncake_staging.Staging | None = None
 
     @classmethod
     def from_config(cls, config: ClientConfig) -> "MooncakeTransport":
@@ -300,16 +255,16 @@ class MooncakeTransport(Transport):
             raise TransportError(f"the daemon of segment {segment.segment_id} ({session}) did not answer "
                                  "a moment ago; it may have stopped")
         engine, staging = self._engine_for(protocol, session)
-        pieces = deque(_Piece(i, view[k:k + _STAGING], base + t.grant.offset + k)
+        pieces = deque(_Piece(i, view[k:k + mooncake_staging.STAGING_BYTES], base + t.grant.offset + k)
                        for i, (t, view) in enumerate(zip(transfers, views))
-                       for k in range(0, view.nbytes, _STAGING))
+                       for k in range(0, view.nbytes, mooncake_staging.STAGING_BYTES))
         hashes = [hasher() for _ in transfers]
         buf = staging.take(engine)
         clean = False
         try:
             while pieces:
                 round_, used = [], 0
-                while pieces and used + pieces[0].local.nbytes <= _STAGING:
+                while pieces and used + pieces[0].local.nbytes <= mooncake_staging.STAGING_BYTES:
                     round_.append((pieces.popleft(), used))
                     used += round_[-1][0].local.nbytes
                 self._round(engine, session, mode, round_, buf, hashes, segment, deadline)
@@ -337,11 +292,11 @@ class MooncakeTransport(Transport):
             for piece, at in round_:
                 _copy_hashing(piece.local, stage[at:at + piece.local.nbytes], hashes[piece.transfer])
 
-    def _engine_for(self, protocol: str, session: str) -> tuple[TransferEngine, _Staging]:
+    def _engine_for(self, protocol: str, session: str) -> tuple[TransferEngine, mooncake_staging.Staging]:
         engine = _Engines.get(protocol, self._device, session)
         with self._lock:
             if self._engine is None:
-                self._engine, self._staging = engine, _Staging(register=protocol != "tcp")
+                self._engine, self._staging = engine, mooncake_staging.Staging(register=protocol != "tcp")
             return engine, self._staging
 
     def _call(self, engine: TransferEngine, session: str, mode: GrantMode, local: list[int],

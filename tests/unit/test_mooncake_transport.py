@@ -24,7 +24,7 @@ from kvstore.checksum import checksum  # noqa: E402
 from kvstore.config import DaemonConfig  # noqa: E402
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
 from kvstore.grant import GrantSigner  # noqa: E402
-from kvstore.transport import mooncake  # noqa: E402
+from kvstore.transport import mooncake, mooncake_staging  # noqa: E402
 from kvstore.transport.base import Transfer  # noqa: E402
 from kvstore.transport.mooncake import MooncakeServer, MooncakeTransport  # noqa: E402
 from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier  # noqa: E402
@@ -80,7 +80,7 @@ def test_round_trip_is_byte_identical(daemon: Daemon, client: MooncakeTransport,
 
 def test_batches_are_split_into_staging_rounds_and_engine_calls(daemon: Daemon, client: MooncakeTransport,
                                                                 monkeypatch) -> None:
-    monkeypatch.setattr(mooncake, "_STAGING", 1 << 20)       # rounds of 1 MiB ...
+    monkeypatch.setattr(mooncake_staging, "STAGING_BYTES", 1 << 20)   # rounds of 1 MiB ...
     monkeypatch.setattr(mooncake, "_MAX_ENTRIES", 64)         # ... of at most 64 entries per call
     blocks = [os.urandom(1 + i % 300) for i in range(1000)] + [os.urandom((3 << 20) + 5)]
     offsets = [i * 512 for i in range(1000)] + [1 << 20]
@@ -242,11 +242,11 @@ def test_rdma_style_staging_is_registered_once(daemon: Daemon, client: MooncakeT
             registered.append(size)
             return engine.register_memory(addr, size)
 
-    monkeypatch.setattr(client, "_staging", mooncake._Staging(register=True))
+    monkeypatch.setattr(client, "_staging", mooncake_staging.Staging(register=True))
     monkeypatch.setattr(client, "_engine", Counting())
     monkeypatch.setattr(mooncake._Engines, "get", classmethod(lambda cls, *a: client._engine))
     for i in range(5):
         put(daemon, client, i * 4096, bytes([i]) * 4096)
         assert get(daemon, client, i * 4096, 4096) == bytes([i]) * 4096
-    assert registered == [mooncake._STAGING]
+    assert registered == [mooncake_staging.STAGING_BYTES]
     client.close()
