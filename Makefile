@@ -1,23 +1,39 @@
-# The README's commands. `make quickstart` and `make test` each do all the set-up they need.
-.PHONY: setup quickstart serve test test-quick bench proto
+# The README's commands. Each target does all the set-up it needs: `make quickstart` and
+# `make serve` only the store's (seconds), `make test` everything the tests use (minutes, once).
+.PHONY: setup setup-store quickstart serve test test-quick lint typecheck bench proto clean
 
 setup:
-	bash scripts/setup.sh
+	bash scripts/setup.sh all
 
-quickstart: setup
+setup-store:
+	bash scripts/setup.sh store
+
+quickstart: setup-store
 	bash scripts/quickstart.sh
 
-serve: setup
+serve: setup-store
 	.venv/bin/kvstore serve
 
-test: setup
+# What .ci/run runs: lint and type checks, then every test (the slow ones too: the wheel, the examples).
+test: setup lint typecheck
 	.venv/bin/python -m pytest -q
 
 test-quick: setup
-	.venv/bin/python -m pytest -q -m "not slow"
+	.venv/bin/python -m pytest -q -m "not slow and not faults"
+
+lint: setup
+	.venv/bin/ruff check kvstore clients
+	.venv/bin/ruff format --check kvstore clients
+
+typecheck: setup
+	.venv/bin/mypy kvstore clients
 
 bench: setup
 	.venv/bin/kvstore bench
 
 proto: setup
 	.venv/bin/python scripts/gen_proto.py
+
+# What `kvstore serve` left on disk: segment files of killed daemons (an SSD tier: `kvstore clean --ssd-dir DIR`).
+clean: setup-store
+	.venv/bin/kvstore clean

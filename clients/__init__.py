@@ -1,8 +1,31 @@
 """The kvstore client SDK: `from kvstore.client import KVClient`."""
 
 from kvstore.client.client import KVClient
-from kvstore.errors import (AlreadyExists, ChecksumMismatch, InvalidArgument, KeyBusy, KeyNotFound,
-                            KVStoreError, NoSpace, PermissionDenied, TransportError, Unavailable)
+from kvstore.config import ClientConfig
+from kvstore.errors import (
+    AlreadyExists,
+    ChecksumMismatch,
+    InvalidArgument,
+    KeyBusy,
+    KeyNotFound,
+    KVStoreError,
+    NoSpace,
+    PermissionDenied,
+    TransportError,
+    Unavailable,
+)
 
-__all__ = ["KVClient", "KVStoreError", "KeyNotFound", "KeyBusy", "AlreadyExists", "NoSpace",
-           "InvalidArgument", "PermissionDenied", "ChecksumMismatch", "TransportError", "Unavailable"]
+__all__ = [
+    "AlreadyExists",
+    "ChecksumMismatch",
+    "ClientConfig",
+    "InvalidArgument",
+    "KVClient",
+    "KVStoreError",
+    "KeyBusy",
+    "KeyNotFound",
+    "NoSpace",
+    "PermissionDenied",
+    "TransportError",
+    "Unavailable",
+]

@@ -1,4 +1,5 @@
-"""Caller memory as flat byte views: numpy arrays, torch CPU tensors, bytes-likes.
+"""Caller memory as flat byte views: numpy arrays, torch CPU tensors, bytes-likes. (Tensors in
+device memory are staged through host memory by kvstore.client.staging before they get here.)
 
 Nothing here imports torch: a tensor is recognised by its type's module and viewed through its own
 methods, so the client costs nothing extra for callers that never pass one.
@@ -13,8 +14,10 @@ from kvstore.errors import InvalidArgument
 
 def _from_tensor(t: Any) -> memoryview:
     if t.device.type != "cpu":
-        raise InvalidArgument(f"tensor on {t.device}: only CPU tensors can be read or written by the "
-                              "client; copy it to a (pinned) CPU tensor first")
+        raise InvalidArgument(
+            f"tensor on {t.device}: a byte view needs host memory; KVClient stages device "
+            "tensors itself (kvstore.client.staging), other callers copy to a CPU tensor first"
+        )
     if not t.is_contiguous():
         raise InvalidArgument("tensor is not contiguous: call .contiguous() first")
     import torch
@@ -31,8 +34,10 @@ def byte_view(obj: Any, writable: bool) -> memoryview:
         try:
             view = memoryview(obj)
         except TypeError as exc:
-            raise InvalidArgument(f"{type(obj).__name__} is not a buffer: pass bytes, bytearray, "
-                                  "memoryview, a numpy array or a CPU tensor") from exc
+            raise InvalidArgument(
+                f"{type(obj).__name__} is not a buffer: pass bytes, bytearray, "
+                "memoryview, a numpy array or a CPU tensor"
+            ) from exc
     if not view.contiguous:
         raise InvalidArgument("buffer is not contiguous: pass a contiguous array")
     if writable and view.readonly:

@@ -4,9 +4,9 @@ A block of `block_size` tokens is named by a chained hash, as vLLM and SGLang do
 
     h_0 = ROOT(scheme)            h_i = H(h_{i-1}, tokens_i, extra)
 
-H is keyed BLAKE2b-128 whose key is derived from the scheme's explicit seed, never Python's
-`hash()`, so no PYTHONHASHSEED can make two engines disagree. Only full blocks are named: the
-partial last block of a prompt is always recomputed. The store key is
+The hash itself is kvstore.blockhash (keyed BLAKE2b-128, explicitly seeded), shared with the
+metadata service's indexer and the router, which must not import the engines. Only full blocks
+are named: the partial last block of a prompt is always recomputed. The store key is
 `{tenant}/{model}/{layout}/{hash_hex}` (plus `/{part}` for per-layer objects), so blocks of
 different tenants, models, dtypes or layouts can never be confused.
 """
@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
-from urllib.parse import quote
+from enum import Enum
+from functools import cached_property
 
-import numpy as np
+from kvstore import blockhash
+from kvstore.blockhash import HASH_VERSION
 
-HASH_VERSION = "blake2b-128-v1"
-_PERSON = b"kvstore-blocks"          # BLAKE2 personalisation: these hashes mean nothing elsewhere
+__all__ = ["HASH_VERSION", "KeyScheme"]
+
+
+class Granularity(str, Enum):
+    """What one stored object holds: a whole block (every layer), or one layer of a block."""
+
+    BLOCK = "block"
+    LAYER = "layer"
 
 
 @dataclass(frozen=True)
@@ -43,10 +51,9 @@ class KeyScheme:
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
 
-    @property
+    @cached_property  # asked for once per key: a 2K-token prompt names thousands
     def namespace(self) -> str:
-        # Quoting keeps '/' inside a component (e.g. "meta-llama/Llama-2-7b") from shifting fields.
-        return "/".join(quote(part, safe="") for part in (self.tenant, self.model, self.layout))
+        return blockhash.namespace(self.tenant, self.model, self.layout)
 
     @property
     def fingerprint(self) -> str:
@@ -54,16 +61,10 @@ class KeyScheme:
         desc = json.dumps([HASH_VERSION, self.namespace, self.block_size, self.seed])
         return hashlib.blake2b(desc.encode(), digest_size=16).hexdigest()
 
-    def _hasher(self) -> "hashlib._Hash":
-        return hashlib.blake2b(digest_size=16, key=self.seed.to_bytes(16, "little", signed=True),
-                               person=_PERSON)
-
     @property
     def root(self) -> bytes:
         """The parent of the first block; depends on the seed and block size only."""
-        h = self._hasher()
-        h.update(b"root" + self.block_size.to_bytes(4, "little"))
-        return h.digest()
+        return blockhash.root(self.block_size, self.seed)
 
     def full_blocks(self, num_tokens: int) -> int:
         return num_tokens // self.block_size
@@ -72,21 +73,17 @@ class KeyScheme:
                      parent: bytes | None = None) -> list[bytes]:
         """The chained hash of every full block of `tokens`; `extra` (adapter id, image hashes, ...)
         enters every block's hash."""
-        ids = np.asarray(tokens, dtype="<i8")
-        prev = self.root if parent is None else parent
-        out = []
-        for b in range(len(ids) // self.block_size):
-            h = self._hasher()
-            h.update(prev)
-            h.update(ids[b * self.block_size:(b + 1) * self.block_size].tobytes())
-            h.update(len(extra).to_bytes(4, "little") + extra)
-            prev = h.digest()
-            out.append(prev)
-        return out
+        return blockhash.chain(tokens, self.block_size, self.seed, extra, parent)
 
     def key(self, block_hash: bytes, part: int | None = None) -> str:
         """The store key of a block, or of one part (layer plane) of it."""
         base = f"{self.namespace}/{block_hash.hex()}"
+        return base if part is None else f"{base}/{part}"
+
+    def named(self, name: str, part: int | None = None) -> str:
+        """The store key of a block an engine names itself (SGLang's page hashes), in this
+        scheme's namespace."""
+        base = f"{self.namespace}/{name}"
         return base if part is None else f"{base}/{part}"
 
     def block_keys(self, tokens: Sequence[int], extra: bytes = b"") -> list[str]:
@@ -96,9 +93,11 @@ class KeyScheme:
         """The keys of the objects holding these blocks, block-major: one per block, or with
         `parts` one per (block, part) as block 0's parts, then block 1's, ... so that
         match_prefix(keys) // len(parts) counts the leading blocks stored whole."""
+        ns = self.namespace
         if parts is None:
-            return [self.key(h) for h in hashes]
-        return [self.key(h, p) for h in hashes for p in parts]
+            return [f"{ns}/{h.hex()}" for h in hashes]
+        suffixes = [f"/{p}" for p in parts]
+        return [base + s for base in [f"{ns}/{h.hex()}" for h in hashes] for s in suffixes]
 
     @property
     def scheme_key(self) -> str:

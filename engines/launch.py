@@ -105,28 +105,31 @@ class Fleet:
         return proc
 
     def store(self, dram: str = "512MiB", *extra: str) -> tuple[Managed, str]:
-        # shm and tcp are the transports every install has; optional ones come from `extra`.
+        # shm and tcp are the transports every install has; optional ones come from `extra`. No
+        # SSD tier unless `extra` names one: the default directory is shared by every run on the
+        # host, and KV it kept from an earlier run would turn this run's misses into hits.
         proc = self.add("store", ["kvstore.cli", "serve", "--port", "0", "--dram", dram,
-                                  "--transports", "shm,tcp", *extra])
+                                  "--transports", "shm,tcp", "--ssd-dir", "", *extra])
         return proc, proc.field("meta")
 
-    def engine(self, role: str, meta: str | None = None, *extra: str, name: str | None = None) -> tuple[Managed, str]:
+    def engine(self, role: str, meta: str | None = None, *extra: str, name: str | None = None,
+               env: dict[str, str] | None = None) -> tuple[Managed, str]:
         args = ["kvstore.engines.reference", "--role", role, "--port", "0", *extra]
         if meta:
             args += ["--meta", meta]
-        proc = self.add(name or role, args)
+        proc = self.add(name or role, args, env=env)
         return proc, proc.field("engine")
 
     def router(self, prefill: Sequence[str] = (), decode: Sequence[str] = (), colocated: Sequence[str] = (),
                meta: str | None = None, *extra: str, name: str = "router",
-               timeout: float = 120.0) -> tuple[Managed, str]:
+               timeout: float = 120.0, env: dict[str, str] | None = None) -> tuple[Managed, str]:
         args = ["kvstore.engines.router", "--port", "0", *extra]
         for flag, urls in (("--prefill", prefill), ("--decode", decode), ("--colocated", colocated)):
             for url in urls:
                 args += [flag, url]
         if meta:
             args += ["--meta", meta]
-        proc = self.add(name, args, timeout=timeout)
+        proc = self.add(name, args, timeout=timeout, env=env)
         return proc, proc.field("router")
 
     def close(self) -> None:

@@ -1,146 +1,33 @@
-"""`kvstore plan`: the capacity planner of the PD design.
+"""`kvstore plan`: size a PD deployment — prefill and decode instances, the links between them
+and kvstore, and the store — for a model and a workload.
 
-From a model's KV shape it derives the KV bytes per token and per request, how many requests'
-KV fit a memory budget, and how many instances a workload needs:
+    kvstore plan --model llama2-7b --request-rate 20 --input-tokens 4096
+    kvstore plan --config /path/to/model/config.json --gpu h100-80g --tp 2 --prefix-hit-rate 0.5
 
-    kv_bytes_per_token = 2 (K and V) * layers * kv_heads * head_dim * dtype_bytes
-    prefill instances  = ceil(input token rate  / per-instance prefill tokens/s)
-    decode instances   = max(ceil(output token rate / per-instance decode tokens/s),
-                             ceil(requests decoding at once / requests whose KV fits one instance))
-
-Requests decoding at once follow Little's law: request rate * output tokens / per-stream decode
-tokens/s. Throughputs are given, or measured on the reference engine (`--measure`).
+The model comes from a preset or a Hugging Face config.json; per-instance throughputs are given
+(--prefill-tps, --decode-tps, --stream-tps), measured (--measure, on the reference engine) or else
+estimated from the hardware (--gpu, --tp) under stated assumptions (--mfu, --bandwidth-utilization,
+--tpot). Every formula and its source: docs/planning.md. An impossible plan (a request whose KV
+does not fit, a throughput of 0, an unreadable config) prints one line and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import sys
 import time
-from dataclasses import asdict, dataclass
 
-from kvstore.config import parse_size
+from kvstore.engines.planner import PlanError
+from kvstore.engines.planner.hardware import ACCELERATORS
+from kvstore.engines.planner.hf_config import read_config, shape_from_config
+from kvstore.engines.planner.model import ARCHITECTURES, DTYPE_BYTES, PRESETS, ModelShape
+from kvstore.engines.planner.report import format_plan, human_bytes
+from kvstore.engines.planner.sizing import Deployment, Plan, Throughput, Workload, estimate
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int = 2
-
-    def __post_init__(self) -> None:
-        if min(self.layers, self.kv_heads, self.head_dim, self.dtype_bytes) <= 0:
-            raise ValueError("layers, kv_heads, head_dim and dtype bytes must be positive")
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
-
-
-PRESETS = {s.name: s for s in [
-    ModelShape("llama2-7b", 32, 32, 128),        # hidden 4096, 32 heads, MHA
-    ModelShape("llama2-13b", 40, 40, 128),
-    ModelShape("llama2-70b", 80, 8, 128),
-    ModelShape("llama3-8b", 32, 8, 128),
-    ModelShape("llama3-70b", 80, 8, 128),
-    ModelShape("mistral-7b", 32, 8, 128),
-    ModelShape("qwen2.5-7b", 28, 4, 128),
-    ModelShape("qwen2.5-72b", 80, 8, 128),
-    ModelShape("reference", 4, 2, 64, 4),        # kvstore's reference engine (fp32)
-]}
-
-
-@dataclass(frozen=True)
-class Workload:
-    request_rate: float = 1.0            # requests/s
-    input_tokens: int = 2048             # prompt tokens per request
-    output_tokens: int = 256
-
-    @property
-    def input_token_rate(self) -> float:
-        return self.request_rate * self.input_tokens
-
-    @property
-    def output_token_rate(self) -> float:
-        return self.request_rate * self.output_tokens
-
-
-@dataclass(frozen=True)
-class Throughput:
-    prefill_tps: float                   # prompt tokens/s one prefill instance computes
-    decode_tps: float                    # output tokens/s one decode instance generates (all streams)
-    stream_tps: float                    # output tokens/s of one stream (sets TPOT)
-    source: str = "given"
-
-
-@dataclass(frozen=True)
-class Plan:
-    model: ModelShape
-    context_tokens: int
-    memory_bytes: int
-    workload: Workload
-    throughput: Throughput
-
-    @property
-    def kv_bytes_per_request(self) -> int:
-        return self.model.kv_bytes_per_token * self.context_tokens
-
-    @property
-    def requests_per_instance(self) -> int:
-        return self.memory_bytes // self.kv_bytes_per_request
-
-    @property
-    def prefill_instances(self) -> int:
-        return math.ceil(self.workload.input_token_rate / self.throughput.prefill_tps)
-
-    @property
-    def concurrent_decodes(self) -> float:
-        return self.workload.request_rate * self.workload.output_tokens / self.throughput.stream_tps
-
-    @property
-    def decode_instances(self) -> int:
-        by_rate = math.ceil(self.workload.output_token_rate / self.throughput.decode_tps)
-        fit = self.requests_per_instance
-        by_memory = math.ceil(self.concurrent_decodes / fit) if fit else math.inf
-        return max(by_rate, by_memory)
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "kv_bytes_per_token": self.model.kv_bytes_per_token,
-                "kv_bytes_per_request": self.kv_bytes_per_request,
-                "requests_per_instance": self.requests_per_instance,
-                "prefill_instances": self.prefill_instances, "decode_instances": self.decode_instances,
-                "concurrent_decodes": self.concurrent_decodes}
-
-
-def human_bytes(n: float) -> str:
-    """In the largest unit that reads as at least 0.5 (a 7B model's token is "0.50 MiB")."""
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size / 2:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def format_plan(p: Plan) -> str:
-    m, w, t = p.model, p.workload, p.throughput
-    return "\n".join([
-        f"model {m.name}: {m.layers} layers x {m.kv_heads} KV heads x {m.head_dim} head dim x {m.dtype_bytes} B",
-        f"  KV per token      {human_bytes(m.kv_bytes_per_token)} ({m.kv_bytes_per_token} B)",
-        f"  KV per request    {human_bytes(p.kv_bytes_per_request)} ({p.context_tokens} tokens)",
-        f"  fit in {human_bytes(p.memory_bytes)}  {p.requests_per_instance} concurrent requests",
-        f"workload: {w.request_rate:g} req/s x ({w.input_tokens} in + {w.output_tokens} out) tokens = "
-        f"{w.input_token_rate:,.0f} input + {w.output_token_rate:,.0f} output tokens/s",
-        f"throughput per instance ({t.source}): prefill {t.prefill_tps:,.0f} tok/s, decode "
-        f"{t.decode_tps:,.0f} tok/s ({t.stream_tps:,.0f} per stream)",
-        f"  prefill instances {p.prefill_instances}   (= ceil({w.input_token_rate:,.0f} / {t.prefill_tps:,.0f}))",
-        f"  decode instances  {p.decode_instances}   (rate: ceil({w.output_token_rate:,.0f} / {t.decode_tps:,.0f}); "
-        f"memory: {p.concurrent_decodes:.1f} streams at once, {p.requests_per_instance} fit each)",
-    ])
+__all__ = ["PRESETS", "ModelShape", "Plan", "PlanError", "Throughput", "Workload", "format_plan", "human_bytes",
+           "main", "run"]
 
 
 def measure_reference(prompt_tokens: int = 1024, decode_steps: int = 32) -> Throughput:
@@ -168,41 +55,177 @@ def measure_reference(prompt_tokens: int = 1024, decode_steps: int = 32) -> Thro
     return Throughput(prefill_tps, stream_tps, stream_tps, "measured on the reference engine")
 
 
+def _size(text: str) -> int:
+    from kvstore.config import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 40GiB, 512MiB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return value
+
+
+def _count(text: str) -> float:
+    """'6.74B', '70e9', '700M' -> a number of parameters."""
+    scale = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * scale[t[-1]] if t and t[-1] in scale else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a parameter count (e.g. 6.74B, 70e9)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a parameter count must be positive")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=sorted(PRESETS), default="llama2-7b", help="a preset shape")
-    p.add_argument("--layers", type=int, help="override: transformer layers")
-    p.add_argument("--hidden", type=int, help="override: hidden size (with --heads gives head dim)")
-    p.add_argument("--heads", type=int, help="override: attention heads")
-    p.add_argument("--kv-heads", type=int, help="override: KV heads (default: --heads, i.e. MHA)")
-    p.add_argument("--head-dim", type=int, help="override: head dimension")
-    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="override: KV dtype")
-    p.add_argument("--context", type=int, help="tokens of KV per request (default input + output)")
-    p.add_argument("--memory", type=parse_size, default=parse_size("80GiB"),
-                   help="KV memory of one decode instance, e.g. 40GiB")
-    p.add_argument("--request-rate", type=float, default=Workload.request_rate)
-    p.add_argument("--input-tokens", type=int, default=Workload.input_tokens)
-    p.add_argument("--output-tokens", type=int, default=Workload.output_tokens)
-    p.add_argument("--prefill-tps", type=float, default=10000.0, help="per prefill instance")
-    p.add_argument("--decode-tps", type=float, default=2000.0, help="per decode instance, all streams")
-    p.add_argument("--stream-tps", type=float, default=40.0, help="per decode stream (1 / TPOT)")
-    p.add_argument("--measure", action="store_true", help="measure throughputs on the reference engine")
+    m = p.add_argument_group("model (a preset, or a Hugging Face config.json; flags override either)")
+    m.add_argument("--model", choices=sorted(PRESETS), default="llama2-7b", metavar="PRESET",
+                   help=f"one of {', '.join(sorted(PRESETS))} (default: %(default)s)")
+    m.add_argument("--config", metavar="PATH", help="a model's config.json, or its directory")
+    m.add_argument("--layers", type=int, help="transformer layers")
+    m.add_argument("--hidden", type=int, help="hidden size (with --heads gives the head dim)")
+    m.add_argument("--heads", type=int, help="attention heads")
+    m.add_argument("--kv-heads", type=int, help="KV heads (default --heads: MHA)")
+    m.add_argument("--head-dim", type=int, help="head dimension")
+    m.add_argument("--dtype", choices=sorted(DTYPE_BYTES), metavar="DTYPE",
+                   help=f"KV cache dtype, one of {', '.join(sorted(DTYPE_BYTES))} (default: the model's)")
+    m.add_argument("--weight-dtype", choices=sorted(DTYPE_BYTES), metavar="DTYPE",
+                   help="weights as served (default: the model's)")
+    m.add_argument("--params", type=_count, help="total parameters, e.g. 6.74B (weights memory)")
+    m.add_argument("--active-params", type=_count,
+                   help="parameters a token uses, without embeddings (MoE; FLOPs; default: derived or --params)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--request-rate", type=float, default=Workload.request_rate,
+                   help="requests/s (default: %(default)s)")
+    w.add_argument("--input-tokens", type=int, default=Workload.input_tokens,
+                   help="prompt tokens (default: %(default)s)")
+    w.add_argument("--output-tokens", type=int, default=Workload.output_tokens, help="default: %(default)s")
+    w.add_argument("--prefix-hit-rate", type=float, default=0.0,
+                   help="share of prompt tokens whose KV kvstore already holds (default: %(default)s)")
+    w.add_argument("--context", type=int, help="tokens of KV per request (default: input + output)")
+    h = p.add_argument_group("one instance (prefill or decode)")
+    h.add_argument("--gpu", choices=sorted(ACCELERATORS), default="h100-80g", metavar="GPU",
+                   help=f"one of {', '.join(sorted(ACCELERATORS))} (default: %(default)s)")
+    h.add_argument("--tp", type=int, default=1, help="GPUs per instance, tensor parallel (default: %(default)s)")
+    h.add_argument("--gpu-memory", type=_size, help="override: memory of one GPU, e.g. 80GiB")
+    h.add_argument("--gpu-tflops", type=float, help="override: dense 16-bit TFLOP/s of one GPU")
+    h.add_argument("--gpu-bandwidth", type=float, help="override: memory bandwidth of one GPU, TB/s")
+    h.add_argument("--memory-utilization", type=float, default=Deployment.memory_utilization,
+                   help="share of GPU memory the engine takes, weights and KV (default: %(default)s)")
+    h.add_argument("--kv-memory", "--memory", dest="kv_memory", type=_size,
+                   help="the KV cache of one decode instance, if known (default: usable memory - weights)")
+    a = p.add_argument_group("throughput per instance (default: estimated from the hardware)")
+    a.add_argument("--prefill-tps", type=float, help="prompt tokens/s of one prefill instance")
+    a.add_argument("--decode-tps", type=float, help="output tokens/s of one decode instance, all streams")
+    a.add_argument("--stream-tps", type=float, help="output tokens/s of one stream (1 / TPOT)")
+    a.add_argument("--measure", action="store_true", help="measure throughputs on the reference engine")
+    a.add_argument("--mfu", type=float, default=Deployment.mfu,
+                   help="estimate: share of peak FLOP/s a prefill achieves (default: %(default)s)")
+    a.add_argument("--bandwidth-utilization", type=float, default=Deployment.bandwidth_utilization,
+                   help="estimate: share of peak memory bandwidth a decode step achieves (default: %(default)s)")
+    a.add_argument("--tpot", type=float, default=Deployment.tpot_s,
+                   help="decode target, seconds per output token (default: %(default)s)")
+    a.add_argument("--ttft", type=float, default=Deployment.ttft_s, help="TTFT target, seconds (default: %(default)s)")
+    n = p.add_argument_group("network and store")
+    n.add_argument("--link-gbps", type=float, default=Deployment.link_bytes_per_s * 8 / 1e9,
+                   help="network of one instance, Gbit/s (default: %(default)g)")
+    n.add_argument("--retention", type=float, default=Deployment.retention_s,
+                   help="seconds the store keeps KV for reuse (default: %(default)g)")
     p.add_argument("--json", action="store_true")
+    from kvstore.engines import plan_measure
+
+    plan_measure.add_arguments(p)
 
 
-def shape_from_args(args: argparse.Namespace) -> ModelShape:
-    base = PRESETS[args.model]
-    head_dim = args.head_dim or (args.hidden // args.heads if args.hidden and args.heads else base.head_dim)
-    kv_heads = args.kv_heads or args.heads or base.kv_heads
-    custom = any(getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "dtype"))
-    return ModelShape(f"{base.name} (modified)" if custom else base.name, args.layers or base.layers, kv_heads,
-                      head_dim, DTYPE_BYTES[args.dtype] if args.dtype else base.dtype_bytes)
+def model_from_args(args: argparse.Namespace) -> ModelShape:
+    """The preset or config.json, with the flags' overrides."""
+    dims = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim")
+            if getattr(args, k) is not None}
+    bad = [f"--{k.replace('_', '-')} {v}" for k, v in dims.items() if v <= 0]
+    if bad:
+        raise PlanError(f"model dimensions must be positive: {', '.join(bad)}")
+    if args.config:
+        shape = shape_from_config(read_config(args.config), args.config)
+        if dims:
+            shape = _reshaped(shape, dims)
+    else:
+        shape = _rederived(args.model, dims) if dims else PRESETS[args.model]
+    changes: dict = {}
+    if args.dtype:
+        changes["dtype_bytes"] = DTYPE_BYTES[args.dtype]
+    if args.weight_dtype:
+        changes["weight_bytes"] = DTYPE_BYTES[args.weight_dtype]
+    if args.params:
+        changes["params"] = args.params
+        changes["compute_params"] = args.active_params or shape.compute_params or args.params
+    elif args.active_params:
+        changes["compute_params"] = args.active_params
+    return dataclasses.replace(shape, **changes) if changes else shape
+
+
+def _rederived(preset: str, dims: dict[str, int]) -> ModelShape:
+    """A preset with other dimensions; its parameter count follows them."""
+    arch = ARCHITECTURES[preset]
+    heads, hidden = dims.get("heads", arch.heads), dims.get("hidden", arch.hidden)
+    kv_heads = dims.get("kv_heads") or (heads if "heads" in dims else arch.kv_heads)   # --heads alone: MHA
+    arch = dataclasses.replace(arch, layers=dims.get("layers", arch.layers), hidden=hidden, heads=heads,
+                               kv_heads=kv_heads, head_dim=dims.get("head_dim") or hidden // heads)
+    base = PRESETS[preset]
+    return arch.shape(f"{preset} (modified)", base.dtype_bytes, base.weight_bytes)
+
+
+def _reshaped(shape: ModelShape, dims: dict[str, int]) -> ModelShape:
+    """A config's model with another KV shape: its parameter count no longer applies (--params)."""
+    heads = dims.get("heads")
+    head_dim = dims.get("head_dim") or (dims["hidden"] // heads if heads and "hidden" in dims else shape.head_dim)
+    kv_changed = any(k in dims for k in ("heads", "kv_heads", "head_dim", "hidden"))
+    return dataclasses.replace(shape, name=f"{shape.name} (modified)", layers=dims.get("layers", shape.layers),
+                               kv_heads=dims.get("kv_heads") or heads or shape.kv_heads, head_dim=head_dim,
+                               attn_dim=heads * head_dim if heads else shape.attn_dim,
+                               latent_dim=None if kv_changed else shape.latent_dim, params=None, compute_params=None)
+
+
+def throughput_from_args(args: argparse.Namespace, model: ModelShape, workload: Workload, dep: Deployment,
+                         context: int) -> Throughput:
+    given = (args.prefill_tps, args.decode_tps, args.stream_tps)
+    if all(v is not None for v in given):
+        return Throughput(*given, "given")
+    est = estimate(model, workload, dep, context)
+    if all(v is None for v in given):
+        return est
+    return Throughput(args.prefill_tps if args.prefill_tps is not None else est.prefill_tps,
+                      args.decode_tps if args.decode_tps is not None else est.decode_tps,
+                      args.stream_tps if args.stream_tps is not None else est.stream_tps, "given and estimated",
+                      "" if args.prefill_tps is not None else est.prefill_how,
+                      "" if args.decode_tps is not None and args.stream_tps is not None else est.decode_how)
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
+    """Raises PlanError (one line) when no plan can be made from these inputs."""
+    model = model_from_args(args)
+    workload = Workload(args.request_rate, args.input_tokens, args.output_tokens, args.prefix_hit_rate)
+    context = args.context if args.context is not None else workload.input_tokens + workload.output_tokens
+    gpu = ACCELERATORS[args.gpu].overridden(args.gpu_memory, args.gpu_tflops and args.gpu_tflops * 1e12,
+                                            args.gpu_bandwidth and args.gpu_bandwidth * 1e12)
+    dep = Deployment(gpu, args.tp, args.memory_utilization, args.kv_memory, args.mfu, args.bandwidth_utilization,
+                     args.tpot, args.ttft, args.link_gbps * 1e9 / 8, args.retention)
+    throughput = measure_reference() if args.measure else throughput_from_args(args, model, workload, dep, context)
+    return Plan(model, workload, dep, throughput, context)
 
 
 def run(args: argparse.Namespace) -> int:
-    workload = Workload(args.request_rate, args.input_tokens, args.output_tokens)
-    throughput = measure_reference() if args.measure else Throughput(args.prefill_tps, args.decode_tps, args.stream_tps)
-    plan = Plan(shape_from_args(args), args.context or workload.input_tokens + workload.output_tokens,
-                args.memory, workload, throughput)
+    if args.measure:                        # measured throughputs and SLO headroom: plan_measure.py
+        from kvstore.engines import plan_measure
+
+        return plan_measure.run(args)
+    try:
+        plan = build_plan(args)
+    except PlanError as exc:
+        print(f"kvstore plan: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(plan.to_dict(), indent=2, default=str) if args.json else format_plan(plan))
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any, AsyncIterator, Callable
 
 import uvicorn
@@ -12,6 +13,7 @@ import uvicorn
 log = logging.getLogger("kvstore.engines")
 
 SSE_DONE = b"data: [DONE]\n\n"
+_SSE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 class _AnnouncingServer(uvicorn.Server):
@@ -38,8 +40,22 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+async def sse_lines(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The lines of an SSE stream (from httpx's `aiter_text`), split where SSE splits them: at
+    \n, \r\n or \r. Not httpx's `aiter_lines`, which splits at every Unicode line break as
+    str.splitlines does: a token whose text holds U+2028 or U+0085 (JSON leaves them unescaped)
+    would cut its event in two."""
+    rest = ""
+    async for chunk in chunks:
+        *lines, rest = _SSE_BREAK.split(rest + chunk)
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
+
+
 async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON events of an SSE stream (as from httpx's `aiter_lines`), up to `[DONE]`."""
+    """The JSON events of an SSE stream (its lines from `sse_lines`), up to `[DONE]`."""
     async for line in lines:
         if not line.startswith("data:"):
             continue

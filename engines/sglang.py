@@ -6,9 +6,11 @@
             "module_path": "kvstore.engines.sglang", "class_name": "KVStoreHiCacheStorage",
             "interface_v1": 1, "meta": "127.0.0.1:50051"}'
 
-SGLang names pages by chained SHA-256 hex; this backend prefixes them with a namespace of tenant,
-model, shard (TP/PP/CP rank) and the host pool's page layout, so instances that lay out pages
-differently never read each other's bytes. With `interface_v1` SGLang calls the zero-copy
+SGLang names pages by chained SHA-256 hex; this backend puts them in the namespace of a
+kvstore.engines.keys.KeyScheme (tenant, model, and a layout of shard (TP/PP/CP rank) and the host
+pool's page layout), as every engine shim does, so instances that lay out pages differently never
+read each other's bytes. Settings (HiCacheConfig) are the extra config's keys, else
+$KVSTORE_SGLANG_<FIELD> ($KVSTORE_META for `meta`), read by kvstore.config.load_config. With `interface_v1` SGLang calls the zero-copy
 `batch_get_v1` / `batch_set_v1`: each page is moved straight between the host KV pool and the
 store as the pool's own buffer regions (K and V, or per layer), one object per region; otherwise
 `batch_get` / `batch_set` move one flat object per page.
@@ -23,13 +25,16 @@ import ctypes
 import logging
 import os
 from abc import ABC, abstractmethod
-from typing import Any, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, List, Optional
 
 import numpy as np
 import torch
 
 from kvstore.client import KVClient, KVStoreError
-from kvstore.config import ClientConfig
+from kvstore.config import META_ENV, TOKEN_ENV, ClientConfig, load_config
+from kvstore.engines.keys import KeyScheme
+from kvstore.errors import InvalidArgument
 
 log = logging.getLogger("kvstore.engines.sglang")
 
@@ -73,29 +78,40 @@ except ImportError:      # SGLang absent (it cannot be installed whole without C
         def get_stats(self) -> Any:
             return None
 
-_OWN_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
-_OPTIONS = {"meta", "tenant", "transports", "timeout_s"}
+_OWN_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}  # SGLang's own
+
+
+@dataclass(frozen=True)
+class HiCacheConfig:
+    SECTION: ClassVar[str] = "sglang"
+    ENV: ClassVar[dict[str, str]] = {"meta": META_ENV, "token": TOKEN_ENV}
+
+    meta: str = ""  # the kvstore metadata service
+    tenant: str = "default"  # key namespace: tenants never share pages
+    transports: tuple[str, ...] = ("shm", "mooncake", "ucx", "tcp")  # client transports, preferred first
+    timeout_s: float = 10.0  # metadata calls and transfers
+    token: str = field(default="", repr=False)  # bearer token ($KVSTORE_TOKEN; none: the token file)
+
+    def __post_init__(self) -> None:
+        if not self.meta:
+            raise InvalidArgument("set \"meta\" in --hicache-storage-backend-extra-config (or $KVSTORE_META) "
+                                  "to the kvstore metadata service address")
 
 
 class KVStoreHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: Any, kwargs: Optional[dict] = None) -> None:
         extra = dict(getattr(storage_config, "extra_config", None) or {})
-        unknown = sorted(set(extra) - _OWN_KEYS - _OPTIONS)
-        if unknown:
-            raise ValueError(f"kvstore HiCache backend: unknown extra config keys {unknown}; "
-                             f"known: {sorted(_OPTIONS)}")
-        meta = extra.get("meta") or os.environ.get("KVSTORE_META", "")
-        if not meta:
-            raise ValueError("kvstore HiCache backend: set \"meta\" in --hicache-storage-backend-extra-config "
-                             "(or $KVSTORE_META) to the kvstore metadata service address")
+        try:
+            config = load_config(HiCacheConfig, None, None, **{k: v for k, v in extra.items() if k not in _OWN_KEYS})
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"kvstore HiCache backend: {exc}") from None
         self.zero_copy = bool(int(extra.get("interface_v1", 0)))
-        config = ClientConfig(timeout_s=float(extra.get("timeout_s", 10.0)),
-                              **({"transports": tuple(extra["transports"])} if "transports" in extra else {}))
-        self.client = KVClient(meta, config)
+        self.client = KVClient(config.meta, ClientConfig(timeout_s=config.timeout_s, transports=config.transports,
+                                                         token=config.token))
+        self._tenant = config.tenant
+        self._model = str(getattr(storage_config, "model_name", None) or "model")
         self._shard = _shard(storage_config)
-        self._prefix = "/".join([
-            "sglang", _clean(extra.get("tenant", "default")),
-            _clean(getattr(storage_config, "model_name", None) or "model"), self._shard, "unregistered"])
+        self._scheme = KeyScheme(self._model, f"sglang-{self._shard}-unregistered", 1, self._tenant)
         self._parts = 1
         self.mem_pool_host: Any = None
         self.stats = {"get_pages": 0, "get_hits": 0, "set_pages": 0, "set_failures": 0}
@@ -114,17 +130,17 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             shape = f"v1-{len(sizes)}x{sizes[0]}"
         else:
             shape = f"flat{mem_pool_host.get_dummy_flat_data_page().nbytes}"
-        layout = f"{dtype}-p{page}-{getattr(mem_pool_host, 'layout', 'layout')}-{shape}"
-        self._prefix = self._prefix.rsplit("/", 1)[0] + "/" + _clean(layout)
-        log.info("kvstore HiCache backend: pages named %s/<hash>", self._prefix)
+        layout = f"sglang-{self._shard}-{dtype}-p{page}-{getattr(mem_pool_host, 'layout', 'layout')}-{shape}"
+        self._scheme = KeyScheme(self._model, layout, page, self._tenant)
+        log.info("kvstore HiCache backend: pages named %s", self._scheme.named("<hash>"))
 
     def _key(self, key: str) -> str:
-        return f"{self._prefix}/{key}"
+        return self._scheme.named(key)
 
     def _part_keys(self, keys: List[str]) -> list[str]:
         if not self.zero_copy:
             return [self._key(k) for k in keys]
-        return [f"{self._prefix}/{k}/{p}" for k in keys for p in range(self._parts)]
+        return [self._scheme.named(k, p) for k in keys for p in range(self._parts)]
 
     # -- existence -------------------------------------------------------------------------------
 
@@ -250,10 +266,6 @@ def _shard(cfg: Any) -> str:
     if getattr(cfg, "attn_cp_size", 1) > 1:
         shard += f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
     return shard
-
-
-def _clean(part: str) -> str:
-    return str(part).replace("/", "-")
 
 
 def _contiguous(value: Any) -> Any:

@@ -1,3 +1,66 @@
-"""kvstore: a KVCache-centric store for disaggregated LLM serving."""
+"""kvstore: a KVCache-centric store for disaggregated LLM serving.
+
+    from kvstore import KVClient, ClientConfig, KeyNotFound
+
+The public names are loaded on first use (module __getattr__), so `import kvstore` stays cheap and
+the server side, which imports kvstore for its version, never pulls in the client.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExists",
+    "ChecksumMismatch",
+    "ClientConfig",
+    "InvalidArgument",
+    "KVClient",
+    "KVStoreError",
+    "KeyBusy",
+    "KeyNotFound",
+    "NoSpace",
+    "PermissionDenied",
+    "TransportError",
+    "Unavailable",
+    "__version__",
+]
+_ERRORS = frozenset(__all__) - {"ClientConfig", "KVClient", "__version__"}
+
+if TYPE_CHECKING:
+    from kvstore.client import KVClient
+    from kvstore.config import ClientConfig
+    from kvstore.errors import (
+        AlreadyExists,
+        ChecksumMismatch,
+        InvalidArgument,
+        KeyBusy,
+        KeyNotFound,
+        KVStoreError,
+        NoSpace,
+        PermissionDenied,
+        TransportError,
+        Unavailable,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KVClient":
+        from kvstore.client import KVClient
+
+        return KVClient
+    if name == "ClientConfig":
+        from kvstore.config import ClientConfig
+
+        return ClientConfig
+    if name in _ERRORS:
+        from kvstore import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'kvstore' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,20 +12,26 @@ def checksum(data: bytes | bytearray | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def hasher() -> "xxhash.xxh3_64":
+def hasher() -> xxhash.xxh3_64:
     """An incremental checksum: update() with consecutive pieces, then intdigest() == checksum()."""
     return xxhash.xxh3_64()
 
 
-# Copy and hash in pieces small enough to stay in cache, so verifying costs little beyond the copy.
-_PIECE = 1 << 20
+# Bytes are copied and hashed a piece at a time, each piece hashed right after its copy while it is
+# still in cache, so verifying costs little beyond the copy. Every copy-while-hashing uses these.
+PIECE = 1 << 20
+
+
+def copy_hashing(dst: memoryview, src: memoryview, h: xxhash.xxh3_64) -> None:
+    """dst[:] = src, feeding src to `h` a piece at a time, right after that piece's copy."""
+    for start in range(0, len(src), PIECE):
+        piece = src[start : start + PIECE]
+        dst[start : start + len(piece)] = piece
+        h.update(dst[start : start + len(piece)])
 
 
 def copy_with_checksum(dst: memoryview, src: memoryview) -> int:
     """dst[:] = src, returning checksum(src) computed while the bytes are still in cache."""
     h = hasher()
-    for start in range(0, len(src), _PIECE):
-        piece = src[start:start + _PIECE]
-        dst[start:start + len(piece)] = piece
-        h.update(dst[start:start + len(piece)])
+    copy_hashing(dst, src, h)
     return h.intdigest()

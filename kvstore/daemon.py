@@ -8,28 +8,31 @@ import os
 import re
 import secrets
 import socket
-import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
-
-from kvstore import wire
-from kvstore.config import DaemonConfig, resolve_secret
-from kvstore.errors import Unavailable, from_rpc_error
+from kvstore.admin import AdminServer
+from kvstore.config import DaemonConfig, resolve_secret, split_sizes
+from kvstore.daemonlink import ShardLink
+from kvstore.errors import Unavailable
 from kvstore.grant import GrantSigner
-from kvstore.hostid import pid_alive
-from kvstore.mover import TierMover
-from kvstore.storage.base import SegmentStorage
+from kvstore.hostid import host_id, pid_alive
+from kvstore.metaclient import MetaClient
+from kvstore.metrics.observe import METRICS_ENDPOINT, NO_TRANSFERS
+from kvstore.storage.base import Persistent, SegmentStorage
 from kvstore.storage.dram import DramSegment
+from kvstore.tls import TlsFiles
 from kvstore.transport import registry
 from kvstore.transport.base import GrantChecker, TransportServer
-from kvstore.types import SegmentInfo
-from kvstore.v1 import meta_pb2 as pb
-from kvstore.v1 import meta_pb2_grpc as pb_grpc
+from kvstore.types import Endpoint, SegmentInfo
+
+if TYPE_CHECKING:
+    from kvstore.metrics.daemon import DaemonMetrics
 
 log = logging.getLogger(__name__)
 _SHM_FILE = re.compile(r"^kvstore-(\d+)-")
+_COPY_POLL_S = 0.5  # how often a daemon without an SSD tier asks for copy tasks
 
 
 def sweep_stale_segments(shm_dir: str) -> int:
@@ -49,18 +52,27 @@ class StorageDaemon:
         self.daemon_id = config.daemon_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         secret, insecure = resolve_secret(config.secret)
         if insecure:
-            log.warning("no secret configured: using the insecure development secret "
-                        "(set KVSTORE_DAEMON_SECRET / --secret to the metadata service's secret)")
-        self._checker = GrantChecker(GrantSigner(secret), self.segment)
+            log.warning(
+                "no secret configured: using the insecure development secret "
+                "(set KVSTORE_SECRET / --secret to the metadata service's secret)"
+            )
+        self.metrics: DaemonMetrics | None = None
+        self._admin: AdminServer | None = None
+        if config.metrics_port >= 0:
+            from kvstore.metrics.daemon import DaemonMetrics
+
+            self.metrics = DaemonMetrics(self.daemon_id, lambda: list(self._segments.values()), self._connections)
+            self._admin = AdminServer(config.host, config.metrics_port)
+            self.metrics.mount(self._admin, config.test_hooks)
+        signer = GrantSigner(secret)
+        self._checker = GrantChecker(signer, self.segment, observer=self.metrics or NO_TRANSFERS)
         self._segments: dict[str, SegmentStorage] = {}
         self._servers: list[TransportServer] = []
-        self._stop = threading.Event()
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="daemon-heartbeat", daemon=True)
-        self._channel = grpc.insecure_channel(config.meta_address)
-        self._meta = pb_grpc.MetaServiceStub(self._channel)
-        self._recovered: dict[str, list] = {}
+        # TLS to the service when told its CA; its certificate is then this daemon's identity too.
+        tls = TlsFiles(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_ca else TlsFiles()
+        self._meta = MetaClient(config.meta_address, timeout_s=10.0, token=signer.daemon_token, tls=tls)
+        self._links: list[ShardLink] = []  # one per metadata shard
         self._ssd_lock: int | None = None
-        self._mover: TierMover | None = None
 
     def segment(self, segment_id: str) -> SegmentStorage | None:
         return self._segments.get(segment_id)
@@ -69,34 +81,81 @@ class StorageDaemon:
     def servers(self) -> list[TransportServer]:
         return list(self._servers)
 
-    def start(self, mount_timeout_s: float = 30.0) -> "StorageDaemon":
-        """Create segments, start transports, mount with the metadata service, start heartbeats."""
+    def start(self, mount_timeout_s: float = 30.0) -> StorageDaemon:
+        """Find the metadata shards, create each one's segments, start transports, mount, start
+        heartbeats and movers."""
         swept = sweep_stale_segments(self.config.shm_dir)
         if swept:
             log.info("removed %d segment files left by killed daemons", swept)
+        deadline = time.monotonic() + mount_timeout_s
         try:
-            for i, size in enumerate(self.config.segment_sizes):
-                seg = DramSegment(f"{self.daemon_id}-dram{i}", size, self.config.shm_dir)
-                self._segments[seg.segment_id] = seg
-            self._open_ssd()
-            if self.config.gpu_size:
-                from kvstore.storage.gpu import GpuSegment
-
-                seg = GpuSegment(f"{self.daemon_id}-gpu0", self.config.gpu_size, self.config.gpu_device)
-                self._segments[seg.segment_id] = seg
+            self._links = self._link_shards(deadline)
+            for link in self._links:
+                self._make_segments(link, len(self._links))
+            if self._admin is not None:
+                self._admin.start()
             self._start_servers()
-            self._mount_all(time.monotonic() + mount_timeout_s)
+            for link in self._links:
+                link.mount_all(deadline)
         except BaseException:
             self._release()
             raise
-        self._heartbeat.start()
-        if self.config.ssd_dir:
-            self._mover = TierMover(self.daemon_id, self._meta, self.segment, self.config.move_poll_s,
-                                    self.config.move_batch_bytes)
-            self._mover.start()
-        log.info("daemon %s serving %d segments (%d bytes) over %s", self.daemon_id, len(self._segments),
-                 sum(s.capacity for s in self._segments.values()), ", ".join(s.name for s in self._servers))
+        # Every daemon takes copy tasks (replacing lost replicas); one with SSD or GPU also tier
+        # moves, which want a quicker poll.
+        moves = self.config.ssd_dir or self.config.gpu_size
+        poll = self.config.move_poll_s if moves else max(self.config.move_poll_s, _COPY_POLL_S)
+        for link in self._links:
+            link.start(self.segment, poll, self.config.move_batch_bytes)
+        log.info(
+            "daemon %s serving %d segments (%d bytes) to %d metadata shard(s) over %s",
+            self.daemon_id,
+            len(self._segments),
+            sum(s.capacity for s in self._segments.values()),
+            len(self._links),
+            ", ".join(s.name for s in self._servers),
+        )
         return self
+
+    def _link_shards(self, deadline: float) -> list[ShardLink]:
+        """A link per shard of the store the configured service belongs to (asking it, while it
+        is not up yet, until `deadline`)."""
+        while True:
+            try:
+                info = self._meta.service_info()
+                if info.shards is not None and (missing := info.shards.missing(info.shard)):
+                    raise Unavailable(
+                        f"the shard map of {self.config.meta_address} has no address for shard(s) {missing} yet"
+                    )
+                break
+            except Unavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)  # the service is starting: its readiness is what we wait for
+        interval = self.config.heartbeat_interval_s
+        if info.shards is None or info.shards.count == 1:
+            return [ShardLink(0, self.daemon_id, self._meta, self.info, interval)]
+        links = []
+        for i, address in enumerate(info.shards.addresses):
+            meta = self._meta if i == info.shard else self._meta.like(address, i)
+            links.append(ShardLink(i, self.daemon_id, meta, self.info, interval))
+        return links
+
+    def _make_segments(self, link: ShardLink, shards: int) -> None:
+        """Shard `link.shard`'s slice of every tier: 1/shards of each."""
+        cfg = self.config
+        tag = f"-s{link.shard}" if shards > 1 else ""
+        made: list[SegmentStorage] = []
+        for i, size in enumerate(split_sizes(cfg.dram_size // shards, cfg.segment_size)):
+            made.append(DramSegment(f"{self.daemon_id}{tag}-dram{i}", size, cfg.shm_dir))
+        if cfg.ssd_dir:
+            made.extend(self._open_ssd(link, shards))
+        if cfg.gpu_size:
+            from kvstore.storage.gpu import GpuSegment
+
+            made.append(GpuSegment(f"{self.daemon_id}{tag}-gpu0", cfg.gpu_size // shards, cfg.gpu_device))
+        for seg in made:
+            self._segments[seg.segment_id] = seg
+            link.segments[seg.segment_id] = seg
 
     def _start_servers(self) -> None:
         """Start each configured transport whose library is installed (an optional one that is
@@ -108,8 +167,10 @@ class StorageDaemon:
                 log.warning("not serving %s: %s", name, exc)
                 continue
             server = cls(self._checker, self.config)
+            if self.metrics is not None:
+                server.observer = self.metrics
             server.start()
-            self._servers.append(server)          # stopped by _release() if anything below fails
+            self._servers.append(server)  # stopped by _release() if anything below fails
             for seg in self._segments.values():
                 server.add_segment(seg)
         if not self._servers:
@@ -120,105 +181,83 @@ class StorageDaemon:
         found: dict[str, str] = {}
         for seg in self._segments.values():
             for ep in self.info(seg).endpoints:
-                found.setdefault(ep.transport, ep.address)
+                if ep.transport != METRICS_ENDPOINT:
+                    found.setdefault(ep.transport, ep.address)
         return found
 
     def info(self, seg: SegmentStorage) -> SegmentInfo:
         endpoints = tuple(ep for server in self._servers if (ep := server.endpoint(seg)) is not None)
-        return SegmentInfo(seg.segment_id, self.daemon_id, seg.tier, seg.capacity, endpoints)
+        if self._admin is not None:  # not a transport: where the service's dashboard reads this daemon's metrics
+            endpoints += (Endpoint(METRICS_ENDPOINT, f"http://{self._admin.address}"),)
+        return SegmentInfo(seg.segment_id, self.daemon_id, seg.tier, seg.capacity, endpoints, host_id())
 
-    def _open_ssd(self) -> None:
-        """Open (or create) the SSD segments and find which blocks survived the last run."""
-        if not self.config.ssd_dir:
-            return
+    @property
+    def metrics_address(self) -> str:
+        """host:port of this daemon's /metrics, or "" when it has none."""
+        return self._admin.address if self._admin is not None else ""
+
+    def _connections(self) -> dict[str, int]:
+        return {s.name: n for s in self._servers if isinstance(n := getattr(s, "connections", None), int)}
+
+    def _open_ssd(self, link: ShardLink, shards: int) -> list[SegmentStorage]:
+        """Open (or create) shard `link.shard`'s SSD segments and find which blocks survived the
+        last run (segment files are numbered across shards: the same shard count finds its own)."""
         import fcntl
 
         from kvstore.storage.ssd import SsdSegment
 
         directory = Path(self.config.ssd_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        self._ssd_lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._ssd_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise Unavailable(f"SSD directory {directory} is in use by another daemon; "
-                              "give each daemon its own --ssd-dir") from None
-        for i, size in enumerate(self.config.ssd_segment_sizes):
-            seg = SsdSegment.open(directory, i, size)
-            self._segments[seg.segment_id] = seg
+        if self._ssd_lock is None:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._ssd_lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(self._ssd_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise Unavailable(
+                    f"SSD directory {directory} is in use by another daemon; give each daemon its own --ssd-dir"
+                ) from None
+        sizes = split_sizes(self.config.ssd_size // shards, self.config.ssd_segment_size)
+        opened: list[SegmentStorage] = []
+        for j, size in enumerate(sizes):
+            try:
+                seg = SsdSegment.open(directory, link.shard * len(sizes) + j, size)
+            except ValueError as exc:
+                raise Unavailable(
+                    f"{directory}: {exc} (was it made for another shard count or size? see docs/sharding.md)"
+                ) from exc
+            seg.io = self.metrics
+            opened.append(seg)
             report = seg.recover()
-            self._recovered[seg.segment_id] = report.blocks
+            link.recovered[seg.segment_id] = report.blocks
             if report.blocks or report.dropped:
-                log.info("%s: %d blocks recovered, %d dropped as corrupt", seg.segment_id,
-                         len(report.blocks), len(report.dropped))
-
-    def _mount_all(self, deadline: float) -> None:
-        for seg in self._segments.values():
-            self._mount(seg, deadline)
-        for segment_id, blocks in self._recovered.items():
-            self._announce(segment_id, blocks)
-        self._recovered.clear()
-
-    def _announce(self, segment_id: str, blocks: list) -> None:
-        for start in range(0, len(blocks), 1000):
-            batch = blocks[start:start + 1000]
-            self._meta.AnnounceBlocks(pb.AnnounceBlocksRequest(segment_id=segment_id, blocks=[
-                pb.AnnouncedBlock(key=b.key, offset=b.offset, size=b.size, checksum=b.checksum) for b in batch]),
-                timeout=30)
-
-    def _mount(self, seg: SegmentStorage, deadline: float) -> None:
-        request = pb.MountSegmentRequest(segment=wire.segment_to_pb(self.info(seg)))
-        while True:
-            try:
-                self._meta.MountSegment(request, timeout=max(0.1, deadline - time.monotonic()),
-                                        wait_for_ready=True)
-                return
-            except grpc.RpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
-                        or time.monotonic() >= deadline:
-                    raise from_rpc_error(exc, f"mounting segment {seg.segment_id} at "
-                                              f"{self.config.meta_address}") from exc
-
-    def _heartbeat_loop(self) -> None:
-        interval = self.config.heartbeat_interval_s
-        while not self._stop.wait(interval):
-            try:
-                resp = self._meta.Heartbeat(pb.HeartbeatRequest(daemon_id=self.daemon_id,
-                                                                segment_ids=list(self._segments)),
-                                            timeout=max(1.0, interval))
-                for segment_id in resp.unknown_segment_ids:
-                    # The service restarted or gave us up for dead: offer the segment afresh, and
-                    # what a persistent segment still holds.
-                    log.warning("metadata service does not know segment %s: mounting it again", segment_id)
-                    seg = self._segments[segment_id]
-                    self._mount(seg, time.monotonic() + interval)
-                    if seg.persistent:
-                        self._announce(segment_id, seg.recover().blocks)
-            except (grpc.RpcError, Unavailable) as exc:
-                log.warning("heartbeat to %s failed: %s", self.config.meta_address, exc)
+                log.info(
+                    "%s: %d blocks recovered, %d dropped as corrupt",
+                    seg.segment_id,
+                    len(report.blocks),
+                    len(report.dropped),
+                )
+        return opened
 
     def stop(self) -> None:
         """Unmount (best effort), stop serving, and delete the segment files."""
-        self._stop.set()
-        if self._mover is not None:
-            self._mover.stop()
-        if self._heartbeat.is_alive():
-            self._heartbeat.join(timeout=5)
-        for segment_id in self._segments:
-            try:
-                self._meta.UnmountSegment(pb.UnmountSegmentRequest(segment_id=segment_id), timeout=2)
-            except grpc.RpcError as exc:
-                log.warning("could not unmount %s: %s", segment_id, exc.code().name)
+        for link in self._links:
+            link.stop()
         self._release()
 
     def _release(self) -> None:
+        if self._admin is not None:
+            self._admin.stop()
+            self._admin = None
         for server in self._servers:
             server.stop()
         self._servers.clear()
         for seg in self._segments.values():
-            seg.close(remove=not seg.persistent)     # SSD blocks are kept for the next start
+            seg.close(remove=not isinstance(seg, Persistent))  # SSD blocks are kept for the next start
         self._segments.clear()
         if self._ssd_lock is not None:
             os.close(self._ssd_lock)
             self._ssd_lock = None
-        self._channel.close()
+        for link in self._links:
+            if link.meta is not self._meta:
+                link.meta.close()
+        self._meta.close()

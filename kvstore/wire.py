@@ -1,90 +1,374 @@
-"""Conversions between the plain types and their protobuf messages (kvstore.v1)."""
+"""Conversions between the plain types and their protobuf messages (kvstore.v1).
+
+Protobuf stays here: the servicer, the metadata client and everything above them see the
+dataclasses of kvstore.types, kvstore.results and kvstore.stats, never a generated message.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable
+import functools
+from collections.abc import Iterable, Sequence
 
-from kvstore.errors import ErrorCode, KVStoreError, error_for
+from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, NotLeader, WrongShard, error_for
+from kvstore.results import (
+    Block,
+    GetReply,
+    GetResult,
+    HeartbeatReply,
+    KeyResult,
+    MoveOutcome,
+    PutEndReply,
+    PutStartReply,
+    PutStartResult,
+    PutWritten,
+    Reserved,
+    ServiceInfo,
+)
+from kvstore.shards import ShardMap
 from kvstore.stats import DaemonStats, StoreStats, TierStats
 from kvstore.types import Endpoint, Grant, GrantMode, MoveKind, MoveTask, SegmentInfo, Tier
 from kvstore.v1 import meta_pb2 as pb
 
 _TIER_TO_PB = {Tier.GPU: pb.TIER_GPU, Tier.DRAM: pb.TIER_DRAM, Tier.SSD: pb.TIER_SSD}
 _TIER_FROM_PB = {v: k for k, v in _TIER_TO_PB.items()}
+_CODES = frozenset(int(c) for c in ErrorCode)
+ERROR_DETAIL_KEY = "kvstore-error-bin"  # gRPC trailing metadata: the ErrorDetail of a failed call
 
 
-def tier_to_pb(tier: Tier) -> int:
+def tier_to_pb(tier: Tier) -> pb.Tier.ValueType:
     return _TIER_TO_PB[tier]
 
 
 def tier_from_pb(value: int) -> Tier:
     try:
-        return _TIER_FROM_PB[value]
+        return _TIER_FROM_PB[value]  # type: ignore[index]
     except KeyError:
-        from kvstore.errors import InvalidArgument
         raise InvalidArgument(f"unknown tier {value}") from None
 
 
+def _code_to_pb(code: ErrorCode) -> pb.ErrorCode.ValueType:
+    return pb.ErrorCode.ValueType(code)
+
+
+def code_from_pb(value: int) -> ErrorCode:
+    """An ErrorCode off the wire; a code this version does not know reads as INTERNAL."""
+    return ErrorCode(value) if value in _CODES else ErrorCode.INTERNAL
+
+
+# -- segments and grants ---------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
 def segment_to_pb(seg: SegmentInfo) -> pb.Segment:
-    return pb.Segment(segment_id=seg.segment_id, daemon_id=seg.daemon_id, tier=tier_to_pb(seg.tier),
-                      capacity=seg.capacity,
-                      endpoints=[pb.Endpoint(transport=e.transport, address=e.address) for e in seg.endpoints])
+    """The message for a segment; one per SegmentInfo (immutable), built once: every put and get
+    reply names its segments. Callers copy it into their messages and never change it."""
+    return pb.Segment(
+        segment_id=seg.segment_id,
+        daemon_id=seg.daemon_id,
+        tier=tier_to_pb(seg.tier),
+        capacity=seg.capacity,
+        endpoints=[pb.Endpoint(transport=e.transport, address=e.address) for e in seg.endpoints],
+        host_id=seg.host_id,
+    )
 
 
 def segment_from_pb(msg: pb.Segment) -> SegmentInfo:
-    return SegmentInfo(msg.segment_id, msg.daemon_id, tier_from_pb(msg.tier), msg.capacity,
-                       tuple(Endpoint(e.transport, e.address) for e in msg.endpoints))
+    """The SegmentInfo of a message; one per distinct message, kept (every reply carries the
+    segments its grants name, and they rarely change)."""
+    return _segment_from_bytes(msg.SerializeToString())
 
 
-def grant_to_pb(g: Grant) -> pb.Grant:
-    return pb.Grant(segment_id=g.segment_id, offset=g.offset, length=g.length, mode=int(g.mode),
-                    expires_ms=g.expires_ms, mac=g.mac)
-
-
-def grant_from_pb(msg: pb.Grant) -> Grant:
-    return Grant(msg.segment_id, msg.offset, msg.length, GrantMode(msg.mode), msg.expires_ms, msg.mac)
-
-
-def status_to_pb(code: ErrorCode, message: str) -> pb.Status:
-    return pb.Status(code=int(code), message=message)
-
-
-def status_error(msg: pb.Status) -> KVStoreError | None:
-    """The error a per-key Status carries, or None for OK."""
-    return None if msg.code == ErrorCode.OK else error_for(msg.code, msg.message)
+@functools.lru_cache(maxsize=4096)
+def _segment_from_bytes(data: bytes) -> SegmentInfo:
+    msg = pb.Segment.FromString(data)
+    return SegmentInfo(
+        msg.segment_id,
+        msg.daemon_id,
+        tier_from_pb(msg.tier),
+        msg.capacity,
+        tuple(Endpoint(e.transport, e.address) for e in msg.endpoints),
+        msg.host_id,
+    )
 
 
 def segments_by_id(msgs: Iterable[pb.Segment]) -> dict[str, SegmentInfo]:
     return {m.segment_id: segment_from_pb(m) for m in msgs}
 
 
+def grant_to_pb(g: Grant) -> pb.Grant:
+    return pb.Grant(
+        segment_id=g.segment_id,
+        offset=g.offset,
+        length=g.length,
+        mode=pb.GrantMode.ValueType(g.mode),
+        expires_ms=g.expires_ms,
+        mac=g.mac,
+        flags=g.flags,
+    )
+
+
+def grant_from_pb(msg: pb.Grant) -> Grant:
+    try:
+        mode = GrantMode(msg.mode)
+    except ValueError:
+        raise InvalidArgument(f"unknown grant mode {msg.mode}") from None
+    return Grant(msg.segment_id, msg.offset, msg.length, mode, msg.expires_ms, msg.mac, msg.flags)
+
+
+# -- per-key results -------------------------------------------------------------------------------
+
+
+def status_to_pb(code: ErrorCode, message: str) -> pb.Status:
+    return pb.Status(code=_code_to_pb(code), message=message)
+
+
+def status_error(msg: pb.Status) -> KVStoreError | None:
+    """The error a per-key Status carries, or None for OK."""
+    return None if msg.code == pb.OK else error_for(code_from_pb(msg.code), msg.message)
+
+
+def key_results_to_pb(results: Iterable[KeyResult]) -> list[pb.Status]:
+    return [pb.Status(code=_code_to_pb(r.code), message=r.message) if r.code else pb.Status() for r in results]
+
+
+def key_results_from_pb(msgs: Iterable[pb.Status]) -> list[KeyResult]:
+    return [KeyResult(code_from_pb(m.code), m.message) if m.code else KeyResult() for m in msgs]
+
+
+def put_start_reply_to_pb(reply: PutStartReply) -> pb.PutStartResponse:
+    return pb.PutStartResponse(
+        results=[
+            pb.PutStartResult(
+                status=status_to_pb(r.code, r.message),
+                replicas=[grant_to_pb(g) for g in r.grants],
+                retry_after_ms=r.retry_after_ms,
+            )
+            for r in reply.results
+        ],
+        segments=[segment_to_pb(s) for s in reply.segments.values()],
+    )
+
+
+def put_start_reply_from_pb(msg: pb.PutStartResponse) -> PutStartReply:
+    results = tuple(
+        PutStartResult(
+            code_from_pb(r.status.code),
+            r.status.message,
+            tuple(grant_from_pb(g) for g in r.replicas),
+            r.retry_after_ms,
+        )
+        for r in msg.results
+    )
+    return PutStartReply(results, segments_by_id(msg.segments))
+
+
+def reserved_to_pb(r: Reserved) -> pb.ReserveResponse:
+    if r.code is not ErrorCode.OK or r.grant is None or r.segment is None:
+        return pb.ReserveResponse(status=status_to_pb(r.code, r.message))
+    return pb.ReserveResponse(
+        region_id=r.region_id, grant=grant_to_pb(r.grant), segment=segment_to_pb(r.segment), alignment=r.alignment
+    )
+
+
+def reserved_from_pb(msg: pb.ReserveResponse) -> Reserved:
+    if msg.status.code != pb.OK or not msg.HasField("grant") or not msg.HasField("segment"):
+        code = code_from_pb(msg.status.code) if msg.status.code != pb.OK else ErrorCode.INTERNAL
+        return Reserved(code, msg.status.message or "a region without a grant")
+    return Reserved(
+        region_id=msg.region_id,
+        grant=grant_from_pb(msg.grant),
+        segment=segment_from_pb(msg.segment),
+        alignment=max(1, msg.alignment),
+    )
+
+
+def put_written_to_pb(written: PutWritten) -> pb.PutWritten:
+    return pb.PutWritten(failed=written.failed, receipts=written.receipts)
+
+
+def put_written_from_pb(msg: pb.PutWritten) -> PutWritten:
+    return PutWritten(msg.failed, tuple(msg.receipts))
+
+
+def put_end_reply_to_pb(reply: PutEndReply) -> pb.PutEndResponse:
+    return pb.PutEndResponse(results=key_results_to_pb(reply.results), replicas=reply.replicas)
+
+
+def put_end_reply_from_pb(msg: pb.PutEndResponse) -> PutEndReply:
+    return PutEndReply(tuple(key_results_from_pb(msg.results)), tuple(msg.replicas))
+
+
+def get_reply_to_pb(reply: GetReply) -> pb.GetResponse:
+    grant = grant_to_pb
+    return pb.GetResponse(  # an unset status reads as OK (code 0): most results leave it out
+        results=[
+            pb.GetResult(size=r.size, checksum=r.checksum, replicas=[grant(g) for g in r.grants], lease_id=r.lease_id)
+            if r.code is ErrorCode.OK
+            else pb.GetResult(status=status_to_pb(r.code, r.message))
+            for r in reply.results
+        ],
+        segments=[segment_to_pb(s) for s in reply.segments.values()],
+        lease_ms=reply.lease_ms,
+    )
+
+
+def get_reply_from_pb(msg: pb.GetResponse) -> GetReply:
+    grant = grant_from_pb
+    results = tuple(
+        GetResult(size=r.size, checksum=r.checksum, grants=tuple(grant(g) for g in r.replicas), lease_id=r.lease_id)
+        if r.status.code == pb.OK
+        else GetResult(code_from_pb(r.status.code), r.status.message)
+        for r in msg.results
+    )
+    return GetReply(results, segments_by_id(msg.segments), msg.lease_ms)
+
+
+# -- daemons ---------------------------------------------------------------------------------------
+
+
+def heartbeat_reply_from_pb(msg: pb.HeartbeatResponse) -> HeartbeatReply:
+    return HeartbeatReply(tuple(msg.unknown_segment_ids), msg.ttl_ms)
+
+
+def move_to_pb(t: MoveTask) -> pb.MoveTask:
+    return pb.MoveTask(
+        move_id=t.move_id,
+        kind=pb.MoveKind.ValueType(t.kind),
+        key=t.key,
+        src_segment_id=t.src_segment_id,
+        src_offset=t.src_offset,
+        dst_segment_id=t.dst_segment_id,
+        dst_offset=t.dst_offset,
+        size=t.size,
+        checksum=t.checksum,
+        source=grant_to_pb(t.source) if t.source is not None else None,
+        source_segment=segment_to_pb(t.source_segment) if t.source_segment is not None else None,
+    )
+
+
+def move_from_pb(m: pb.MoveTask) -> MoveTask:
+    return MoveTask(
+        m.move_id, MoveKind(m.kind), m.key, m.src_segment_id, m.src_offset, m.dst_segment_id, m.dst_offset, m.size,
+        m.checksum, grant_from_pb(m.source) if m.HasField("source") else None,
+        segment_from_pb(m.source_segment) if m.HasField("source_segment") else None,
+    )  # fmt: skip
+
+
+def move_outcomes_to_pb(outcomes: Sequence[MoveOutcome]) -> list[pb.MoveResult]:
+    return [pb.MoveResult(move_id=o.move_id, ok=o.ok, error=o.error) for o in outcomes]
+
+
+def move_outcomes_from_pb(msgs: Iterable[pb.MoveResult]) -> list[MoveOutcome]:
+    return [MoveOutcome(m.move_id, m.ok, m.error) for m in msgs]
+
+
+def blocks_to_pb(blocks: Iterable[Block]) -> list[pb.AnnouncedBlock]:
+    return [pb.AnnouncedBlock(key=b.key, offset=b.offset, size=b.size, checksum=b.checksum) for b in blocks]
+
+
+def blocks_from_pb(msgs: Iterable[pb.AnnouncedBlock]) -> list[Block]:
+    return [Block(m.key, m.offset, m.size, m.checksum) for m in msgs]
+
+
+def service_info_from_pb(msg: pb.ServiceInfoResponse) -> ServiceInfo:
+    addresses = tuple(msg.shard_addresses) + ("",) * (msg.shards - len(msg.shard_addresses))  # not all known yet
+    shards = ShardMap(addresses, msg.map_epoch) if msg.shards > 1 else None
+    return ServiceInfo(msg.version, msg.fast_lane_port, msg.role, msg.epoch, msg.leader, msg.shard, shards)
+
+
+# -- statistics ------------------------------------------------------------------------------------
+
+
 def stats_to_pb(s: StoreStats) -> pb.StatsResponse:
     return pb.StatsResponse(
-        keys=s.keys, pending=s.pending, capacity=s.capacity, used=s.used, evictions=s.evictions,
-        revoked_puts=s.revoked_puts, leased=s.leased, pinned=s.pinned,
-        tiers=[pb.TierStats(tier=tier_to_pb(t.tier), capacity=t.capacity, used=t.used, blocks=t.blocks,
-                            hits=t.hits, evictions=t.evictions, demotions=t.demotions,
-                            promotions=t.promotions) for t in s.tiers],
-        daemons=[pb.DaemonInfo(daemon_id=d.daemon_id, last_heartbeat_ms=int(d.last_heartbeat * 1000),
-                               segments=[segment_to_pb(x) for x in d.segments]) for d in s.daemons])
+        keys=s.keys,
+        pending=s.pending,
+        capacity=s.capacity,
+        used=s.used,
+        evictions=s.evictions,
+        revoked_puts=s.revoked_puts,
+        leased=s.leased,
+        pinned=s.pinned,
+        under_replicated=s.under_replicated,
+        quarantined_bytes=s.quarantined_bytes,
+        tenant=s.tenant,
+        shard=s.shard,
+        shards=s.shards,
+        tiers=[
+            pb.TierStats(
+                tier=tier_to_pb(t.tier),
+                capacity=t.capacity,
+                used=t.used,
+                blocks=t.blocks,
+                hits=t.hits,
+                evictions=t.evictions,
+                demotions=t.demotions,
+                promotions=t.promotions,
+            )
+            for t in s.tiers
+        ],
+        daemons=[
+            pb.DaemonInfo(
+                daemon_id=d.daemon_id,
+                last_heartbeat_ms=int(d.last_heartbeat * 1000),
+                segments=[segment_to_pb(x) for x in d.segments],
+            )
+            for d in s.daemons
+        ],
+    )
 
 
 def stats_from_pb(msg: pb.StatsResponse) -> StoreStats:
     return StoreStats(
-        keys=msg.keys, pending=msg.pending, capacity=msg.capacity, used=msg.used, evictions=msg.evictions,
-        revoked_puts=msg.revoked_puts, leased=msg.leased, pinned=msg.pinned,
-        tiers=tuple(TierStats(tier_from_pb(t.tier), t.capacity, t.used, t.blocks, t.hits, t.evictions,
-                              t.demotions, t.promotions) for t in msg.tiers),
-        daemons=tuple(DaemonStats(d.daemon_id, d.last_heartbeat_ms / 1000,
-                                  tuple(segment_from_pb(s) for s in d.segments)) for d in msg.daemons))
+        keys=msg.keys,
+        pending=msg.pending,
+        capacity=msg.capacity,
+        used=msg.used,
+        evictions=msg.evictions,
+        revoked_puts=msg.revoked_puts,
+        leased=msg.leased,
+        pinned=msg.pinned,
+        under_replicated=msg.under_replicated,
+        quarantined_bytes=msg.quarantined_bytes,
+        role=msg.role,
+        epoch=msg.epoch,
+        leader=msg.leader,
+        standbys=tuple(msg.standbys),
+        redis=msg.redis,
+        reconciling=msg.reconciling,
+        writes_open=msg.writes_open,
+        tenant=msg.tenant,
+        shard=msg.shard,
+        shards=msg.shards or 1,
+        tiers=tuple(
+            TierStats(
+                tier_from_pb(t.tier), t.capacity, t.used, t.blocks, t.hits, t.evictions, t.demotions, t.promotions
+            )
+            for t in msg.tiers
+        ),
+        daemons=tuple(
+            DaemonStats(d.daemon_id, d.last_heartbeat_ms / 1000, tuple(segment_from_pb(s) for s in d.segments))
+            for d in msg.daemons
+        ),
+    )
 
 
-def move_to_pb(t: MoveTask) -> pb.MoveTask:
-    return pb.MoveTask(move_id=t.move_id, kind=int(t.kind), key=t.key, src_segment_id=t.src_segment_id,
-                       src_offset=t.src_offset, dst_segment_id=t.dst_segment_id, dst_offset=t.dst_offset,
-                       size=t.size, checksum=t.checksum)
+# -- errors ----------------------------------------------------------------------------------------
 
 
-def move_from_pb(m: pb.MoveTask) -> MoveTask:
-    return MoveTask(m.move_id, MoveKind(m.kind), m.key, m.src_segment_id, m.src_offset, m.dst_segment_id,
-                    m.dst_offset, m.size, m.checksum)
+def error_to_pb(err: KVStoreError) -> pb.ErrorDetail:
+    return pb.ErrorDetail(
+        code=_code_to_pb(err.code),
+        message=str(err),
+        leader=getattr(err, "leader", ""),
+        map_epoch=getattr(err, "map_epoch", 0),
+    )
+
+
+def error_from_pb(msg: pb.ErrorDetail) -> KVStoreError:
+    code = code_from_pb(msg.code)
+    if code is ErrorCode.NOT_LEADER:
+        return NotLeader(msg.message, msg.leader)
+    if code is ErrorCode.WRONG_SHARD:
+        return WrongShard(msg.message, msg.map_epoch)
+    return error_for(code, msg.message)

@@ -1,24 +1,19 @@
 #!/usr/bin/env bash
-# Everything kvstore needs on a fresh Debian machine with Python 3.11: system libraries, a virtual
-# environment in .venv, and the package with its extras. Safe to run again; fast when done.
+# What kvstore needs on a fresh Debian machine with Python 3.11, in a virtual environment in .venv.
+#   bash scripts/setup.sh store   the store alone (kvstore serve, the CLI, the Python client): seconds
+#   bash scripts/setup.sh         everything the tests use: the extras, the system libraries
+#                                 Mooncake links against, vLLM's CPU build, SGLang's wheel, LMCache
+# Safe to run again; fast when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+MODE=${1:-all}
+[[ $MODE == store || $MODE == all ]] || { echo "usage: scripts/setup.sh [store|all]" >&2; exit 2; }
 PY=${PYTHON:-python3}
-STAMP=.venv/.kvstore-setup
-want="$(sha256sum pyproject.toml scripts/setup.sh scripts/install_vllm.sh | sha256sum | cut -c1-16)"
+STAMP=.venv/.kvstore-setup-$MODE
+want="$(sha256sum pyproject.toml scripts/setup.sh scripts/install_vllm.sh scripts/install_lmcache.sh | sha256sum | cut -c1-16)"
 if [[ -f $STAMP && $(cat $STAMP) == "$want" ]]; then
   exit 0
-fi
-
-# System libraries that Mooncake's wheel links against (RDMA verbs, NUMA), from Debian.
-missing=()
-for pkg in libibverbs1 librdmacm1 ibverbs-providers libnuma1; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-  sudo=""; [[ $(id -u) == 0 ]] || sudo=sudo
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 pip_install() {   # quiet when it works; its whole log, and a failed setup, when it does not
@@ -35,10 +30,41 @@ pip_install() {   # quiet when it works; its whole log, and a failed setup, when
 
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 pip_install --upgrade pip
-# torch is pinned: 2.13.0 is the CPU build this machine has locally; unpinned pulls a CUDA build.
-pip_install -e ".[dev,torch,engines,mooncake,ucx]"
+# The distribution was called `kvstore` before it took a free PyPI name: drop that editable
+# install, or two distributions would claim the package.
+if .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit('editable' not in (m.distribution('kvstore').read_text('direct_url.json') or ''))" 2>/dev/null; then
+  .venv/bin/python -m pip uninstall -q -y kvstore 2>&1 | grep -v "^WARNING: Location" || true
+fi
+
+if [[ $MODE == store ]]; then
+  pip_install -e .
+  .venv/bin/python -c "import kvstore.client, kvstore.cli, grpc, numpy, xxhash" \
+    || { echo "setup: kvstore does not import after install" >&2; exit 1; }
+  echo "$want" > $STAMP
+  echo "setup: done (.venv, the store only; \`make test\` installs the rest)"
+  exit 0
+fi
+
+# System libraries that Mooncake's wheel links against (RDMA verbs, NUMA), from Debian; redis-server
+# and redis-tools (redis-cli joins the tests' Redis Cluster), for metadata on Redis (kvstore meta
+# --redis) and its tests; openssl, which makes the TLS tests' certificates; chromium for the dashboard's browser
+# test (Playwright drives it: its own browser download cannot run here) and prometheus for promtool,
+# which checks and evaluates docs/prometheus/alerts.yml in the tests.
+missing=()
+for pkg in libibverbs1 librdmacm1 ibverbs-providers libnuma1 redis-server redis-tools openssl chromium prometheus; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  sudo=""; [[ $(id -u) == 0 ]] || sudo=sudo
+  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# torch is pinned (in the engines extra): 2.13.0 is the CPU build; unpinned pulls a CUDA build.
+pip_install -e ".[dev,engines,mooncake,ucx]"
 # vLLM's CPU build for the vLLM connector's end-to-end tests (and SGLang's wheel, unpacked).
 bash scripts/install_vllm.sh
+bash scripts/install_lmcache.sh   # LMCache (--no-deps, pinned) for kvstore.compat.lmcache's tests
 .venv/bin/python -c "import kvstore.client, grpc, numpy, xxhash" \
   || { echo "setup: kvstore does not import after install" >&2; exit 1; }
 echo "$want" > $STAMP

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 READY = re.compile(r"kvstore ready: (.*)")
 SECRET = "tests-shared-secret-0123456789"
+ADMIN_TOKEN = "kvsa_tests-operator-token-0123456789"
 
 
 @dataclass
@@ -39,8 +40,20 @@ class Proc:
         return self.popen.wait(timeout=20)
 
 
+def authed_channel(address: str, token: str = ADMIN_TOKEN):
+    """A plain gRPC channel whose every call carries `token` (for tests that speak raw protobuf)."""
+    import grpc
+
+    class _Bearer(grpc.UnaryUnaryClientInterceptor):
+        def intercept_unary_unary(self, continuation, details, request):
+            metadata = [*(details.metadata or ()), ("authorization", f"Bearer {token}")]
+            return continuation(details._replace(metadata=metadata), request)
+
+    return grpc.intercept_channel(grpc.insecure_channel(address), _Bearer())
+
+
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = dict(os.environ, KVSTORE_SECRET=SECRET, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, KVSTORE_SECRET=SECRET, KVSTORE_TOKEN=ADMIN_TOKEN, PYTHONUNBUFFERED="1")
     env.update(extra or {})
     return env
 
@@ -90,10 +103,10 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def serve(self, dram: str = "256MiB", *extra: str) -> tuple[Proc, str]:
+    def serve(self, dram: str = "256MiB", *extra: str, env: dict[str, str] | None = None) -> tuple[Proc, str]:
         """`kvstore serve`, without an SSD tier unless `extra` names an --ssd-dir."""
         ssd = [] if "--ssd-dir" in extra else ["--ssd-dir", ""]
-        proc = spawn(["serve", "--port", "0", "--dram", dram, *ssd, *extra])
+        proc = spawn(["serve", "--port", "0", "--dram", dram, *ssd, *extra], env)
         self.procs.append(proc)
         return proc, re.search(r"meta=(\S+)", proc.ready_line).group(1)
 

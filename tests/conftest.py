@@ -5,7 +5,26 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.cluster import Cluster  # noqa: E402
+from tests.cluster import ADMIN_TOKEN, Cluster  # noqa: E402
+
+# The operator's token for every service the tests start (in process or not) and every client:
+# the tests never touch the user's own token file.
+os.environ["KVSTORE_TOKEN"] = ADMIN_TOKEN
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak", type=float, default=0.0, metavar="SECONDS",
+        help="also run tests/faults' soak (random faults under load) for this long",
+    )
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """A CA, server and client certificates, another CA, a self-signed certificate (tests/pki.py)."""
+    from tests.pki import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture

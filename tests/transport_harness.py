@@ -10,6 +10,7 @@ import time
 from typing import Callable
 
 from kvstore.checksum import checksum
+from kvstore.clock import Clock, FakeClock, SystemClock, now_ms
 from kvstore.config import DaemonConfig
 from kvstore.grant import GrantSigner
 from kvstore.storage.base import SegmentStorage
@@ -53,17 +54,17 @@ class BytesSegment(SegmentStorage):
 
 class Daemon:
     """A started `server_class` serving "seg-dram" (a DramSegment) and `plain` (by default a
-    1 MiB BytesSegment "seg-plain"), with the signer that grants on them. `clock_ms` is the
+    1 MiB BytesSegment "seg-plain"), with the signer that grants on them. `clock` is the
     daemon's clock; grants expire a minute after it by default."""
 
     def __init__(self, shm_dir: str, server_class: type[TransportServer], config: DaemonConfig | None = None,
-                 plain: SegmentStorage | None = None, clock_ms: Callable[[], int] | None = None) -> None:
+                 plain: SegmentStorage | None = None, clock: Clock | None = None) -> None:
         self.signer = GrantSigner(SECRET)
         self.dram = DramSegment("seg-dram", CAPACITY, shm_dir)
         self.plain = plain or BytesSegment("seg-plain", 1 << 20)
         self.segments = {s.segment_id: s for s in (self.dram, self.plain)}
-        self.now_ms = clock_ms or (lambda: int(time.time() * 1000))
-        self.checker = GrantChecker(self.signer, self.segments.get, self.now_ms)
+        self.clock = clock or SystemClock()
+        self.checker = GrantChecker(self.signer, self.segments.get, self.clock)
         self._server_class = server_class
         self.server = self.start_server(config or DaemonConfig())
 
@@ -86,7 +87,7 @@ class Daemon:
 
     def grant(self, offset: int, length: int, mode: GrantMode, segment: str = "seg-dram",
               expires_ms: int | None = None) -> Grant:
-        return self.signer.sign(segment, offset, length, mode, expires_ms or self.now_ms() + 60_000)
+        return self.signer.sign(segment, offset, length, mode, expires_ms or now_ms(self.clock) + 60_000)
 
     def snapshot(self) -> bytes:
         """Every byte of the DRAM segment, to show that a refused request changed none."""
@@ -98,8 +99,12 @@ class Daemon:
 
 
 def put(daemon: Daemon, client: Transport, offset: int, data: bytes) -> None:
-    transfer = Transfer(daemon.grant(offset, len(data), GrantMode.WRITE), memoryview(data))
-    assert client.write(daemon.info(), [transfer], deadline()) in (None, [checksum(data)])
+    """Write `data` at `offset`; the checksums a transport computes while copying must be right,
+    and so must the receipts a daemon gives (one per grant, which only the service can check)."""
+    grant = daemon.grant(offset, len(data), GrantMode.WRITE)
+    written = client.write(daemon.info(), [Transfer(grant, memoryview(data))], deadline())
+    assert written.checksums in (None, [checksum(data)])
+    assert written.receipts in (None, [daemon.signer.receipt(grant)])
 
 
 def get(daemon: Daemon, client: Transport, offset: int, length: int) -> bytes:

@@ -9,8 +9,9 @@ import argparse
 import logging
 import sys
 
-from kvstore.engines.codec import Granularity
-from kvstore.engines.reference.engine import EngineConfig, Role
+from kvstore.engines.keys import Granularity
+from kvstore.engines.reference.config import EngineConfig, Role
+from kvstore.engines.reference.scheduler import SchedulerConfig
 
 log = logging.getLogger("kvstore.engines")
 
@@ -25,6 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-blocks", type=int, default=EngineConfig.cache_blocks)
     p.add_argument("--granularity", choices=[g.value for g in Granularity], default=Granularity.LAYER.value,
                    help="store one object per block (all layers) or per (block, layer)")
+    d = SchedulerConfig()
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                   help="requests loading or running at once (1: one request at a time, no batching)")
+    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
+                   help="tokens computed per step, decodes and prefill chunks together")
+    p.add_argument("--no-chunked-prefill", action="store_true",
+                   help="compute each prompt whole, in a step of its own, instead of in chunks")
+    p.add_argument("--no-save-output-kv", action="store_true",
+                   help="decode/colocated: do not save the blocks a request fills while generating")
     p.add_argument("--load-deadline", type=float, default=EngineConfig.load_deadline_s,
                    help="seconds a KV load may take before the prompt is recomputed instead")
     p.add_argument("--kv-transports", default=None, help="client transports in preference order, e.g. tcp")
@@ -59,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
                                        intermediate_size=args.hidden_size * 8 // 3, seed=args.model_seed))
     config = EngineConfig(role=Role(args.role), block_size=args.block_size, cache_blocks=args.cache_blocks,
                           granularity=Granularity(args.granularity), load_deadline_s=args.load_deadline,
-                          tenant=args.tenant, hash_seed=args.hash_seed)
+                          tenant=args.tenant, hash_seed=args.hash_seed,
+                          batching=SchedulerConfig(args.max_num_seqs, args.max_batch_tokens,
+                                                   not args.no_chunked_prefill),
+                          save_output_kv=not args.no_save_output_kv)
     store = None
     if args.meta:
         from kvstore.client import KVClient
@@ -77,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     def ready(url: str) -> None:
         print(f"kvstore ready: engine={url} role={config.role.value} "
-              f"store={args.meta or 'none'}", flush=True)
+              f"store={args.meta or 'none'} max_num_seqs={args.max_num_seqs}", flush=True)
 
     try:
         run_http(app, args.host, args.port, ready)
@@ -91,10 +104,14 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvstore engine", description=__doc__)
+    parser.add_argument("--log-format", choices=["text", "json"], default="text",
+                        help="json: one JSON object per line, with the request id of the request it is about")
     parser.add_argument("--log-level", default="WARNING")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from kvstore.jsonlog import configure
+
+    configure(args.log_level, args.log_format)
     return run(args)
 
 

@@ -1,10 +1,20 @@
-"""The reference engine: one request at a time through the model, with KV from and to kvstore.
+"""The reference engine: continuous batching over a paged KV cache, with KV from and to kvstore.
 
 Roles differ only in what they do with kvstore:
 
     prefill    load the cached prefix, compute the rest, save every full block, return 1 token
     decode     load the prefix (the prefill instance saved it), recompute the tail, generate
     colocated  load and save like prefill (when given a store), and generate like decode
+
+With a store and `save_output_kv`, decode and colocated instances also save, when a request
+finishes, the full blocks it filled while generating (and a decode instance the prompt blocks it
+computed), so the next turn of a conversation finds its whole history in kvstore.
+
+One thread, the caller of `step` (the server's engine thread), owns the scheduler and what the
+cache holds; `submit` may be called from any thread. A step takes new requests (looking up their
+cached prefix), collects finished loads, asks the scheduler (`scheduler.py`) for a batch, runs it
+through the model once, samples greedily, saves the blocks it filled (per layer, overlapping the
+compute), and reports requests whose saves have ended. Transfers never block the loop.
 
 Whatever the store does, a request completes: prompt tokens whose KV did not arrive are
 recomputed here. When KV the router promised (`expected_cached_tokens`) or the store listed did
@@ -13,88 +23,77 @@ not arrive, the request is a *fallback*, counted with its reason.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import logging
+import threading
 import time
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
-from kvstore.engines.codec import Granularity, KVBlockCodec, SaveResult, layout_name
+from kvstore.client import KVStoreError
+from kvstore.engines.codec import KVBlockCodec, layout_name
 from kvstore.engines.keys import KeyScheme
 from kvstore.engines.metrics import RequestMetrics
-from kvstore.engines.reference.connector import FaultInjector, StoreConnector, fallback_reason
+from kvstore.engines.reference.connector import FaultInjector, PendingSave, StoreConnector, fallback_reason
 from kvstore.engines.reference.model import ReferenceModel
-from kvstore.engines.reference.paged_cache import CacheShape, PagedKVCache
+from kvstore.engines.reference.paged_cache import CacheShape, Chunk, PagedKVCache
+from kvstore.engines.reference.config import EngineConfig, Role
+from kvstore.engines.reference.scheduler import Batch, Scheduler
+from kvstore.engines.reference.sequence import (Generation, GenerationRequest, InvalidRequest, RequestSink,
+                                                Sequence)
+from kvstore.jsonlog import request_id
 
+__all__ = ["EngineConfig", "EngineLoad", "Generation", "GenerationRequest", "InvalidRequest", "ReferenceEngine",
+           "Role", "StepStats"]
 
-class Role(str, Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    COLOCATED = "colocated"
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    role: Role = Role.COLOCATED
-    block_size: int = 16
-    cache_blocks: int = 1024
-    granularity: Granularity = Granularity.LAYER
-    load_deadline_s: float = 5.0
-    tenant: str = "default"
-    hash_seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.block_size <= 0 or self.cache_blocks <= 0:
-            raise ValueError("block_size and cache_blocks must be positive")
-        if self.load_deadline_s <= 0:
-            raise ValueError("load_deadline_s must be positive")
-
-    @property
-    def saves(self) -> bool:
-        return self.role is not Role.DECODE
-
-
-class InvalidRequest(ValueError):
-    """The request can never be served as written (bad token ids, too long)."""
+log = logging.getLogger("kvstore.engines.reference")
 
 
 @dataclass(frozen=True)
-class GenerationRequest:
-    request_id: str
-    prompt: Sequence[int]
-    max_tokens: int
-    expected_cached_tokens: int = 0     # prompt tokens kvstore should hold (the router's word)
-    arrival: float = field(default_factory=time.perf_counter)
+class StepStats:
+    sequences: int                      # in the batch
+    decodes: int                        # of which computing one generated token
+    prefill_tokens: int                 # prompt (or recomputed) tokens in the batch
+    seconds: float
 
 
-@dataclass
-class Generation:
-    tokens: list[int]
-    metrics: RequestMetrics
-    kv_transfer_params: dict[str, Any]
+@dataclass(frozen=True)
+class EngineLoad:
+    waiting: int                        # submitted, not yet admitted
+    running: int                        # loading or in the batch
+    queued_tokens: int                  # prompt tokens of the waiting requests
 
 
 class ReferenceEngine:
-    """Not thread safe: one caller (the server's worker thread) runs `generate` at a time."""
-
     def __init__(self, model: ReferenceModel, config: EngineConfig, store: Any | None = None,
-                 faults: FaultInjector | None = None) -> None:
+                 faults: FaultInjector | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.model = model
         self.config = config
+        self.clock = clock
         mc = model.config
         self.cache = PagedKVCache(CacheShape(mc.num_layers, config.cache_blocks, config.block_size,
                                              mc.num_kv_heads, mc.head_dim, mc.torch_dtype))
         self.scheme = KeyScheme(model=f"{mc.name}@{mc.fingerprint}", block_size=config.block_size,
                                 tenant=config.tenant, seed=config.hash_seed,
                                 layout=layout_name(self.cache.layers, config.granularity))
+        self.scheduler = Scheduler(config.batching, self.cache, config.block_size)
+        self._wake = threading.Event()
+        self._inbox: collections.deque[tuple[GenerationRequest, RequestSink]] = collections.deque()
+        self._inbox_lock = threading.Lock()
+        self._finishing: list[Sequence] = []
+        self._load = EngineLoad(0, 0, 0)
         self.connector: StoreConnector | None = None
         if store is not None:
             codec = KVBlockCodec(store, self.scheme, self.cache.layers, config.granularity)
             codec.check_scheme()
-            self.connector = StoreConnector(codec, self.cache, config.load_deadline_s, faults)
+            self.connector = StoreConnector(codec, self.cache, config.load_deadline_s, faults, self._wake.set)
 
     def close(self) -> None:
+        """Wait for transfers in flight (their blocks come back) and report what they finished."""
         if self.connector is not None:
             self.connector.close()
+        self._reap()
 
     def info(self) -> dict[str, Any]:
         """What a router needs to compute this engine's block keys and transfer sizes."""
@@ -104,7 +103,14 @@ class ReferenceEngine:
                 "tenant": self.scheme.tenant, "layout": self.scheme.layout, "hash_seed": self.scheme.seed,
                 "fingerprint": self.scheme.fingerprint, "object_parts": codec.object_parts if codec else None,
                 "kv_bytes_per_token": mc.kv_bytes_per_token, "vocab_size": mc.vocab_size,
-                "max_positions": mc.max_positions, "tokenizer": "bytes", "store": codec is not None}
+                "max_positions": mc.max_positions, "tokenizer": "bytes", "store": codec is not None,
+                "max_num_seqs": self.config.batching.max_num_seqs,
+                "max_batch_tokens": self.config.batching.max_batch_tokens}
+
+    def links(self) -> list[Any]:
+        """The link monitor's figures of this instance's store client (LinkStats), [] without one."""
+        links = getattr(self.connector.codec.client, "links", None) if self.connector else None
+        return links() if links is not None else []
 
     def validate(self, req: GenerationRequest) -> None:
         mc = self.model.config
@@ -112,75 +118,275 @@ class ReferenceEngine:
             raise InvalidRequest("empty prompt")
         if req.max_tokens < 1:
             raise InvalidRequest("max_tokens must be at least 1")
-        if max(req.prompt) >= mc.vocab_size:
-            raise InvalidRequest(f"token id {max(req.prompt)} is outside the vocabulary ({mc.vocab_size})")
+        if max(req.prompt) >= mc.vocab_size or min(req.prompt) < 0:
+            raise InvalidRequest(f"token ids must be in [0, {mc.vocab_size})")
         if len(req.prompt) + req.max_tokens > mc.max_positions:
             raise InvalidRequest(f"{len(req.prompt)} prompt + {req.max_tokens} new tokens is over "
                                  f"the {mc.max_positions}-token context")
+        blocks = self.cache.shape.blocks_for(len(req.prompt) + self._max_tokens(req))
+        if blocks > self.config.cache_blocks:
+            raise InvalidRequest(f"{len(req.prompt)} + {self._max_tokens(req)} tokens need {blocks} KV blocks; "
+                                 f"this instance has {self.config.cache_blocks}")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def submit(self, req: GenerationRequest, sink: RequestSink) -> None:
+        """Queue a validated request (any thread); results go to `sink` on the engine's thread."""
+        with self._inbox_lock:
+            self._inbox.append((req, sink))
+        self._wake.set()
+
+    def load(self) -> EngineLoad:
+        """Queue and batch sizes as of the last step, plus what was submitted since (any thread)."""
+        with self._inbox_lock:
+            pending = list(self._inbox)
+        last = self._load
+        return EngineLoad(last.waiting + len(pending), last.running,
+                          last.queued_tokens + sum(len(r.prompt) for r, _ in pending))
+
+    def has_work(self) -> bool:
+        return bool(self._inbox or self.scheduler.has_work() or self._finishing)
+
+    def step(self, wait_s: float = 0.0) -> StepStats | None:
+        """One iteration (engine thread only). Returns what ran, or None if nothing could, after
+        waiting up to `wait_s` for a submission or a transfer to end."""
+        self._wake.clear()
+        self._take_inbox()
+        self._poll_loads()
+        self._reap()
+        batch = self.scheduler.schedule() if self.scheduler.has_work() else Batch()
+        for seq in batch.preempted:
+            seq.metrics.preemptions += 1
+        for seq in batch.loads:
+            self._start_load(seq)
+        stats = self._run(batch) if batch.chunks else None
+        self._load = EngineLoad(len(self.scheduler.waiting), len(self.scheduler.loading) + len(self.scheduler.running),
+                                sum(s.remaining for s in self.scheduler.waiting))
+        if stats is None and wait_s > 0:
+            deadlines = [s.load.deadline_at for s in self.scheduler.loading if s.load is not None]
+            timeout = min([wait_s, *(max(0.0, d - self.clock()) for d in deadlines)])
+            self._wake.wait(timeout)
+        return stats
+
+    def run(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
+        """Step until `stop` is set (the server's engine thread)."""
+        while not stop.is_set():
+            try:
+                self.step(idle_wait_s)
+            except Exception:                   # a bug, not a request's fault: keep serving
+                log.exception("engine step failed")
 
     def generate(self, req: GenerationRequest, emit: Callable[[int], None]) -> Generation:
-        """Serve one request; `emit(token)` is called as each token is ready."""
+        """Serve one request alone, stepping on this thread; `emit(token)` as each token is ready."""
         self.validate(req)
-        begin = time.perf_counter()
-        prompt = list(req.prompt)
-        n, bs = len(prompt), self.config.block_size
-        max_tokens = 1 if self.config.role is Role.PREFILL else req.max_tokens
-        m = RequestMetrics(req.request_id, self.config.role.value, prompt_tokens=n, queue_s=begin - req.arrival)
-        conn = self.connector
-        hashes = self.scheme.block_hashes(prompt) if conn else []
-        usable = min(len(hashes), (n - 1) // bs)        # at least one prompt token is computed
-        table = self.cache.allocate(self.cache.shape.blocks_for(n + max_tokens))
-        save = None
-        try:
-            loaded, stored, load_error = 0, 0, None
-            if conn is not None and usable:
-                lookup = conn.lookup(hashes[:usable])
-                stored, load_error = lookup.cached_blocks, lookup.error
-                if stored:
-                    outcome = conn.load(hashes[:stored], table)
-                    table, loaded, load_error = outcome.table, outcome.result.blocks_loaded, outcome.result.error
-                    m.kv_load_s, m.kv_load_bytes = outcome.result.seconds, outcome.result.nbytes
-            promised = max(stored, min(req.expected_cached_tokens // bs, usable))
-            if loaded < promised:
-                m.fallback = fallback_reason(load_error)
-            start = loaded * bs
-            m.cached_tokens, m.prefill_tokens = start, n - start
-            if conn is not None and self.config.saves:
-                first_new = max(loaded, stored)
-                save = conn.start_save(hashes[first_new:], table[first_new:len(hashes)])
-            t0 = time.perf_counter()
-            logits = self.model.forward(prompt[start:], start, self.cache, table,
-                                        save.layer_done if save else None)
-            token = int(logits.argmax())
-            m.prefill_compute_s = time.perf_counter() - t0
-            tokens = [token]
-            params: dict[str, Any] = {}
-            if self.config.role is Role.PREFILL:
-                saved = save.finish() if save else SaveResult(0, 0, 0, 0.0)
-                self._record_save(m, saved)
-                stored_blocks = len(hashes) if saved.error is None and conn else max(loaded, stored)
-                params = {"cached_tokens": stored_blocks * bs, "first_token": token,
-                          "save_error": repr(saved.error) if saved.error else None}
-            emit(token)
-            first = time.perf_counter()
-            m.ttft_s = first - req.arrival
-            pos = n
-            for _ in range(max_tokens - 1):
-                logits = self.model.forward([token], pos, self.cache, table)
-                token = int(logits.argmax())
-                tokens.append(token)
-                emit(token)
-                pos += 1
-            if len(tokens) > 1:
-                m.tpot_s = (time.perf_counter() - first) / (len(tokens) - 1)
-            m.output_tokens = len(tokens)
-        finally:
-            if save is not None:
-                self._record_save(m, save.finish())     # blocks are read until the save ends
-            self.cache.free(table)
-        m.e2e_s = time.perf_counter() - req.arrival
-        return Generation(tokens, m, params)
+        sink = _Collect(emit)
+        self.submit(req, sink)
+        while sink.result is None:
+            self.step(wait_s=0.05)
+        if isinstance(sink.result, Exception):
+            raise sink.result
+        return sink.result
 
-    @staticmethod
-    def _record_save(m: RequestMetrics, saved: SaveResult) -> None:
-        m.kv_save_s, m.kv_save_bytes = saved.seconds, saved.nbytes
+    # -- one step ------------------------------------------------------------------------------
+
+    def _max_tokens(self, req: GenerationRequest) -> int:
+        return 1 if self.config.role is Role.PREFILL else req.max_tokens
+
+    def _take_inbox(self) -> None:
+        with self._inbox_lock:
+            new = list(self._inbox)
+            self._inbox.clear()
+        bs = self.config.block_size
+        for req, sink in new:
+            n = len(req.prompt)
+            seq = Sequence(req, sink, self._max_tokens(req),
+                           RequestMetrics.measured(req.request_id, self.config.role.value, prompt_tokens=n))
+            error: KVStoreError | None = None
+            if self.connector is not None:
+                seq.prompt_hashes = self.scheme.block_hashes(req.prompt)
+                usable = min(len(seq.prompt_hashes), (n - 1) // bs)      # at least one token is computed
+                if usable:
+                    with _about(seq):
+                        lookup = self.connector.lookup(seq.prompt_hashes[:usable])
+                    seq.listed_blocks, error = lookup.cached_blocks, lookup.error
+                    seq.metrics.kv_lookup_failed = lookup.error is not None
+                seq.to_load = seq.stored_blocks = seq.listed_blocks
+            if not seq.to_load:
+                self._judge(seq, error)
+            self.scheduler.add(seq)
+
+    def _start_load(self, seq: Sequence) -> None:
+        assert self.connector is not None                   # only sequences with a store load
+        seq.admitted_at = now = self.clock()
+        with _about(seq):
+            seq.load = self.connector.start_load(seq.prompt_hashes[:seq.to_load], seq.table, now)
+
+    def _poll_loads(self) -> None:
+        for seq in list(self.scheduler.loading):
+            if seq.load.done():
+                result = seq.load.result()
+                self.scheduler.loaded(seq, result.blocks_loaded)
+            elif self.clock() >= seq.load.deadline_at:
+                result = seq.load.expired()
+                self.scheduler.abandon_load(seq)
+            else:
+                continue
+            seq.load = None
+            seq.loaded_blocks = result.blocks_loaded
+            seq.metrics.kv_load_s, seq.metrics.kv_load_bytes = result.seconds, result.nbytes
+            seq.metrics.kv_load_failed = result.error is not None or result.blocks_loaded < seq.listed_blocks
+            self._judge(seq, result.error)
+
+    def _judge(self, seq: Sequence, error: KVStoreError | None) -> None:
+        """Count a fallback if KV promised or listed did not arrive."""
+        bs = self.config.block_size
+        usable = min(len(seq.prompt_hashes), (seq.num_prompt - 1) // bs)
+        promised = max(seq.listed_blocks, min(seq.request.expected_cached_tokens // bs, usable))
+        if seq.loaded_blocks < promised:
+            seq.metrics.fallback = fallback_reason(error)
+            seq.metrics.kv_missing_tokens = (promised - seq.loaded_blocks) * bs
+        seq.metrics.cached_tokens = seq.loaded_blocks * bs
+        seq.metrics.prefill_tokens = seq.num_prompt - seq.loaded_blocks * bs
+
+    def _run(self, batch: Batch) -> StepStats:
+        now = self.clock()
+        decoding = [s.seq.decoding for s in batch.chunks]
+        prefill_tokens = batch.prefill_tokens
+        chunks, saves = [], []
+        for s in batch.chunks:
+            seq = s.seq
+            if seq.admitted_at is None:
+                seq.admitted_at = now
+            chunks.append(Chunk(seq.tokens[seq.num_computed:seq.num_computed + s.num_tokens], seq.num_computed,
+                                seq.table))
+            if self.connector is not None and self.config.saves:
+                full = min(len(seq.prompt_hashes), (seq.num_computed + s.num_tokens) // self.config.block_size)
+                if full > seq.stored_blocks:
+                    saves.append(self._save(seq, seq.prompt_hashes[seq.stored_blocks:full], full))
+        def layer_done(layer: int) -> None:
+            for save in saves:
+                save.layer_done(layer)
+
+        start = self.clock()
+        try:
+            logits = self.model.forward_batch(chunks, self.cache, layer_done if saves else None)
+        except Exception as exc:
+            log.exception("a batch of %d sequences failed", len(chunks))
+            for s in batch.chunks:
+                self._fail(s.seq, exc)
+            return StepStats(len(chunks), sum(decoding), prefill_tokens, self.clock() - start)
+        finally:
+            for v in saves:
+                v.close()
+        seconds = self.clock() - start
+        total = sum(s.num_tokens for s in batch.chunks)
+        sampled = logits.argmax(dim=-1).tolist()
+        done = self.clock()
+        for s, decode, token in zip(batch.chunks, decoding, sampled):
+            seq, m = s.seq, s.seq.metrics
+            if decode:
+                m.decode_steps += 1
+                m.decode_steps_with_prefill += bool(prefill_tokens)
+                m.decode_steps_prefill_tokens += prefill_tokens
+            else:
+                m.prefill_compute_s += seconds * s.num_tokens / total
+            seq.num_computed += s.num_tokens
+            if seq.remaining == 0:
+                self._emit(seq, token, done)
+        return StepStats(len(chunks), sum(decoding), prefill_tokens, seconds)
+
+    def _save(self, seq: Sequence, hashes: list[bytes], upto: int) -> PendingSave:
+        assert self.connector is not None
+        with _about(seq):
+            save = self.connector.start_save(hashes, seq.table[seq.stored_blocks:upto])
+        seq.saves.append(save)
+        seq.stored_blocks = upto
+        return save
+
+    def _emit(self, seq: Sequence, token: int, now: float) -> None:
+        seq.tokens.append(token)
+        m = seq.metrics
+        if seq.last_token_at is None:
+            m.ttft_s = now - seq.request.arrival
+            seq.first_token_at = now
+        else:
+            m.itl_s.append(now - seq.last_token_at)
+        seq.last_token_at = now
+        seq.sink.token(token)
+        if seq.finished:
+            self._finish(seq)
+
+    def _finish(self, seq: Sequence) -> None:
+        """Out of the batch; the blocks it filled saved (they stay pinned until then)."""
+        bs = self.config.block_size
+        full = seq.num_computed // bs
+        if (self.connector is not None and self.config.save_output_kv and self.config.role is not Role.PREFILL
+                and full > seq.stored_blocks):
+            hashes = self.scheme.block_hashes(seq.tokens[:full * bs])
+            self._save(seq, hashes[seq.stored_blocks:full], full).close()
+        self.scheduler.finish(seq)
+        self._finishing.append(seq)
+
+    def _fail(self, seq: Sequence, error: Exception) -> None:
+        self.scheduler.finish(seq)
+        seq.sink.failed(error)
+
+    def _reap(self) -> None:
+        """Report finished requests whose saves have all ended."""
+        waiting = []
+        for seq in self._finishing:
+            if all(save.done() for save in seq.saves):
+                self._complete(seq)
+            else:
+                waiting.append(seq)
+        self._finishing = waiting
+
+    def _complete(self, seq: Sequence) -> None:
+        m, bs = seq.metrics, self.config.block_size
+        results = [save.result() for save in seq.saves]
+        error = next((r.error for r in results if r.error is not None), None)
+        m.kv_save_s = sum(r.seconds for r in results)
+        m.kv_save_bytes = sum(r.nbytes for r in results)
+        m.kv_save_failed = error is not None if results else m.kv_save_failed
+        m.queue_s = (seq.admitted_at or seq.request.arrival) - seq.request.arrival
+        if m.ttft_s is not None:                # the rest of its TTFT here went to the batch around it
+            m.batch_wait_s = max(0.0, m.ttft_s - m.queue_s - (m.kv_load_s or 0.0) - m.prefill_compute_s)
+        m.output_tokens = seq.num_generated
+        if seq.num_generated > 1 and seq.first_token_at is not None and seq.last_token_at is not None:
+            m.tpot_s = (seq.last_token_at - seq.first_token_at) / (seq.num_generated - 1)
+        m.e2e_s = self.clock() - seq.request.arrival
+        params: dict[str, Any] = {}
+        if self.config.role is Role.PREFILL:
+            stored = (len(seq.prompt_hashes) if error is None and self.connector is not None
+                      else max(seq.loaded_blocks, seq.listed_blocks))
+            params = {"cached_tokens": stored * bs, "first_token": seq.tokens[seq.num_prompt],
+                      "save_error": repr(error) if error else None}
+        seq.sink.done(Generation(seq.tokens[seq.num_prompt:], m, params))
+
+
+@contextlib.contextmanager
+def _about(seq: Sequence) -> Iterator[None]:
+    """Lines logged meanwhile, and by the transfers started meanwhile, carry the request's id (the
+    router's X-Request-Id): one engine thread works for every request in the batch."""
+    token = request_id.set(seq.request.request_id)
+    try:
+        yield
+    finally:
+        request_id.reset(token)
+
+
+class _Collect:
+    """A sink that keeps the result, for `generate`."""
+
+    def __init__(self, emit: Callable[[int], None]) -> None:
+        self._emit = emit
+        self.result: Generation | Exception | None = None
+
+    def token(self, token: int) -> None:
+        self._emit(token)
+
+    def done(self, generation: Generation) -> None:
+        self.result = generation
+
+    def failed(self, error: Exception) -> None:
+        self.result = error

@@ -1,8 +1,14 @@
 """A small Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU; seeded weights.
 
 It exists to check end to end that KV moved through kvstore is the KV a local prefill makes, so
-it is written for determinism, not speed: fp32, one attention code path for a prompt chunk and a
-decode step (a step is a chunk of one token), attention always over the paged cache.
+it is written for determinism, not speed: fp32, attention always over the paged cache, and one
+forward pass for a batch of chunks (a decode step is a chunk of one token) in which a sequence's
+numbers are the same bits whatever else is in the batch and however its prompt was cut into
+chunks. So continuous batching, chunked prefill, preemption and KV from another instance all
+give the tokens of one request served alone. How (each part checked by tests/engines/
+test_batch_invariance.py): every matrix product has at least `_MIN_ROWS` rows; attention runs per
+prompt chunk, or for all one-token chunks together, over keys padded to whole blocks and masked;
+SiLU is built from IEEE-exact operations (`_silu`).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from kvstore.engines.reference.paged_cache import PagedKVCache
+from kvstore.engines.reference.paged_cache import Chunk, PagedKVCache
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
            "float16": torch.float16}
@@ -66,6 +72,28 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
+_LN2_HI, _LN2_LO, _LOG2E = 0.693359375, -2.12194440e-4, 1.4426950408889634
+_EXP_TAYLOR = (1 / 5040, 1 / 720, 1 / 120, 1 / 24, 1 / 6, 1 / 2, 1.0, 1.0)
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x) from IEEE-exact operations only (within 1e-6 of torch's silu).
+
+    torch's own silu computes most elements with a SIMD exp and the last few of a tensor (or of
+    each thread's share) with the scalar one, which rounds differently: the same row would get
+    other numbers in another batch. Here exp(-|x|) is 2^n * (a degree-7 Taylor polynomial of the
+    remainder), every step a +, *, /, floor or bit shift, so each element's result is a function
+    of its own value alone."""
+    y = x.abs().neg_().clamp_(min=-87.0)                                   # exp(y), y <= 0
+    n = torch.floor_(y * _LOG2E + 0.5)
+    r = y.sub_(n * _LN2_HI).sub_(n * _LN2_LO)                              # |r| <= ln2 / 2
+    p = r * _EXP_TAYLOR[0] + _EXP_TAYLOR[1]
+    for coefficient in _EXP_TAYLOR[2:]:
+        p.mul_(r).add_(coefficient)
+    z = p.mul_(((n.to(torch.int32) + 127) << 23).view(torch.float32))    # exp(-|x|)
+    return torch.where(x >= 0, 1.0, z).div_(z.add_(1.0)).mul_(x)          # sigmoid(x) * x
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -104,40 +132,111 @@ class ReferenceModel:
         angles = torch.cat((angles, angles), dim=-1)
         self._cos, self._sin = angles.cos().to(dt), angles.sin().to(dt)
 
-    @torch.inference_mode()
     def forward(self, tokens: Sequence[int], start: int, cache: PagedKVCache, table: Sequence[int],
                 on_layer: Callable[[int], None] | None = None) -> torch.Tensor:
-        """Run positions [start, start+len(tokens)) of a sequence whose earlier KV is already in
-        `cache` under block `table`; writes this chunk's KV there. `on_layer(l)` is called once
-        layer l's KV for the chunk is in the cache (a save of that layer may begin). Returns the
-        logits of the chunk's last position."""
+        """One chunk alone (`forward_batch` of one): the logits of its last position."""
+        return self.forward_batch([Chunk(tokens, start, table)], cache, on_layer)[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, chunks: Sequence[Chunk], cache: PagedKVCache,
+                      on_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Run every chunk of one batch: chunk i covers positions [start, start+len(tokens)) of a
+        sequence whose earlier KV is already in `cache` under block `table`; writes the chunks' KV
+        there. `on_layer(l)` is called once layer l's KV for every chunk is in the cache (a save of
+        that layer may begin). Returns the logits of each chunk's last position, `[len(chunks),
+        vocab]`. A chunk's logits and KV do not depend on the other chunks (module docstring)."""
         c = self.config
-        m = len(tokens)
-        end = start + m
-        if end > c.max_positions:
-            raise ValueError(f"sequence of {end} tokens is over max_positions {c.max_positions}")
-        cos, sin = self._cos[start:end, None, :], self._sin[start:end, None, :]
-        group = c.num_heads // c.num_kv_heads
-        key_pos = torch.arange(end)
-        query_pos = torch.arange(start, end)
-        masked = (key_pos[None, :] > query_pos[:, None])           # [m, end]: causal
-        x = self.embed[torch.as_tensor(list(tokens), dtype=torch.long)]
+        if not chunks:
+            raise ValueError("an empty batch")
+        for ch in chunks:
+            if not ch.tokens:
+                raise ValueError("an empty chunk")
+            if ch.end > c.max_positions:
+                raise ValueError(f"sequence of {ch.end} tokens is over max_positions {c.max_positions}")
+        lengths = [len(ch.tokens) for ch in chunks]
+        positions = torch.cat([torch.arange(ch.start, ch.end) for ch in chunks])
+        x = self.embed[torch.as_tensor([t for ch in chunks for t in ch.tokens], dtype=torch.long)]
+        cos, sin = self._cos[positions, None, :], self._sin[positions, None, :]
+        slots = cache.slots(chunks)
+        groups = _attention_groups(chunks)
         for i, w in enumerate(self.layers):
             h = _rms_norm(x, w["attn_norm"], c.rms_eps)
-            q = (h @ w["wq"]).view(m, c.num_heads, c.head_dim)
-            k = (h @ w["wk"]).view(m, c.num_kv_heads, c.head_dim)
-            v = (h @ w["wv"]).view(m, c.num_kv_heads, c.head_dim)
+            q = _mm(h, w["wq"]).view(-1, c.num_heads, c.head_dim)
+            k = _mm(h, w["wk"]).view(-1, c.num_kv_heads, c.head_dim)
+            v = _mm(h, w["wv"]).view(-1, c.num_kv_heads, c.head_dim)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            cache.write(i, table, start, k, v)
+            cache.write_slots(i, slots, k, v)
             if on_layer is not None:
                 on_layer(i)
-            keys, values = cache.read(i, table, end)                # [end, kv_heads, dim]
-            qg = q.view(m, c.num_kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
-            scores = (qg @ keys.permute(1, 2, 0).unsqueeze(1)) / math.sqrt(c.head_dim)
-            probs = scores.masked_fill(masked, float("-inf")).softmax(dim=-1)
-            attn = (probs @ values.permute(1, 0, 2).unsqueeze(1)).permute(2, 0, 1, 3).reshape(m, c.hidden_size)
-            x = x + attn @ w["wo"]
+            attn = torch.empty(q.shape[0], c.hidden_size, dtype=q.dtype)
+            for rows, members in groups:
+                attn[rows] = self._attend(q[rows], [chunks[j] for j in members], cache, i)
+            x = x + _mm(attn, w["wo"])
             h = _rms_norm(x, w["mlp_norm"], c.rms_eps)
-            x = x + (torch.nn.functional.silu(h @ w["w_gate"]) * (h @ w["w_up"])) @ w["w_down"]
-        return _rms_norm(x[-1], self.final_norm, c.rms_eps) @ self.lm_head
+            x = x + _mm(_silu(_mm(h, w["w_gate"])) * _mm(h, w["w_up"]), w["w_down"])
+        last = torch.as_tensor(lengths, dtype=torch.long).cumsum(0) - 1
+        return _mm(_rms_norm(x[last], self.final_norm, c.rms_eps), self.lm_head)
+
+    def _attend(self, q: torch.Tensor, chunks: Sequence[Chunk], cache: PagedKVCache, layer: int) -> torch.Tensor:
+        """Causal attention of `q` (the chunks' query rows, in order) over the paged cache: one
+        chunk of any length, or several one-token chunks together; keys are padded to whole blocks
+        (of the longest sequence) and masked."""
+        c = self.config
+        b, m = len(chunks), len(chunks[0].tokens)
+        group = c.num_heads // c.num_kv_heads
+        keys, values = cache.gather(layer, [ch.table for ch in chunks], max(ch.end for ch in chunks))
+        length = keys.shape[2]                                                  # [b, kv_heads, length, dim]
+        query_pos = torch.stack([torch.arange(ch.start, ch.end) for ch in chunks])      # [b, m]
+        masked = torch.arange(length)[None, None, :] > query_pos[:, :, None]            # [b, m, length]
+        qg = q.view(b, m, c.num_kv_heads, group, c.head_dim).permute(0, 2, 3, 1, 4)
+        qg = qg.reshape(b, c.num_kv_heads, group * m, c.head_dim)
+        scores = _bmm(qg, keys.transpose(-1, -2)) / math.sqrt(c.head_dim)              # [b, kvh, g*m, length]
+        scores = scores.view(b, c.num_kv_heads, group, m, length).masked_fill(masked[:, None, None], float("-inf"))
+        probs = scores.softmax(dim=-1).view(b, c.num_kv_heads, group * m, length)
+        out = _bmm(probs, values)                                                       # [b, kvh, g*m, dim]
+        return out.view(b, c.num_kv_heads, group, m, c.head_dim).permute(0, 3, 1, 2, 4).reshape(b * m, c.hidden_size)
+
+
+# Products with fewer rows than this take other kernels, which round differently (measured with
+# MKL: one row of a row-major product goes through gemv, two rows against a transposed operand
+# through another path). Padding every product to this many rows keeps a row's numbers the same
+# in any batch.
+_MIN_ROWS = 4
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w, x row-major, with the same kernel for any number of rows (see `_MIN_ROWS`)."""
+    return _bmm(x, w)
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b over leading batch dims, `a` made row-major, with at least `_MIN_ROWS` rows per
+    product (repeated, then cut off)."""
+    a = a.contiguous()
+    rows = a.shape[-2]
+    if rows >= _MIN_ROWS:
+        return a @ b
+    padded = torch.cat([a] * -(-_MIN_ROWS // rows), dim=-2)
+    return (padded @ b)[..., :rows, :]
+
+
+def _attention_groups(chunks: Sequence[Chunk]) -> list[tuple[slice | torch.Tensor, list[int]]]:
+    """Which chunks attend together, and the rows of the batch that are theirs: every prompt chunk
+    alone; one-token (decode) chunks together, by length (up to twice as long as the shortest in
+    their group), so that padding a batch to its longest sequence never costs more than double."""
+    groups: list[tuple[slice | torch.Tensor, list[int]]] = []
+    decodes: dict[int, tuple[list[int], list[int]]] = {}
+    offset = 0
+    for j, ch in enumerate(chunks):
+        m = len(ch.tokens)
+        if m == 1:
+            members, rows = decodes.setdefault(max(ch.end - 1, 1).bit_length(), ([], []))
+            members.append(j)
+            rows.append(offset)
+        else:
+            groups.append((slice(offset, offset + m), [j]))
+        offset += m
+    for _, (members, rows) in sorted(decodes.items()):
+        groups.append((torch.as_tensor(rows, dtype=torch.long), members))
+    return groups

@@ -3,25 +3,28 @@
     POST /v1/completions   {"prompt": str | [ids], "max_tokens", "stream", "kv_transfer_params"}
     GET  /kvstore/info     block size, key scheme and KV size: what a router needs
     GET  /load             queue depth and queued prompt tokens
-    GET  /metrics          Prometheus text (per-request histograms, fallbacks)
+    GET  /metrics          Prometheus text (per-request histograms, fallbacks; the store client's
+                           transfers and links)
     POST /admin/faults     {"load_failure_rate": 0.5, "seed": 1}: fail KV loads on purpose
 
-Responses carry two extensions: `kv_transfer_params` (a prefill instance's word on what it
-stored) and `kvstore` (the request's metrics, so a router can keep link and compute time apart).
-Requests run one at a time on a worker thread; the event loop only moves bytes.
+Responses carry three extensions: `kv_transfer_params` (a prefill instance's word on what it
+stored), `kvstore` (the request's metrics, so a router can keep link and compute time apart) and
+`kvstore_links` (the store client's link monitor: bandwidth and latency per daemon).
+The engine's loop runs on its own thread, batching every request in flight (continuous batching);
+the event loop only moves bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import threading
 import time
 import uuid
 from dataclasses import asdict
 from typing import Any, AsyncIterator
 
+from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -32,60 +35,52 @@ from kvstore.engines.reference.engine import Generation, GenerationRequest, Inva
 from kvstore.engines.serving import SSE_DONE, sse
 from kvstore.engines.tokenizer import ByteTokenizer
 
-_STOP = object()
-
-
 class EngineWorker:
-    """Feeds requests to the engine one at a time, in arrival order, on its own thread."""
+    """Runs the engine's loop on its own thread; requests join the running batch as they come."""
 
     def __init__(self, engine: ReferenceEngine, sink: MetricsSink) -> None:
         self.engine = engine
         self.sink = sink
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._queued_tokens = 0
-        self._running = 0
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=engine.run, args=(self._stop,), name="engine", daemon=True)
         self._thread.start()
 
     def load(self) -> dict[str, int]:
-        with self._lock:
-            return {"queue_depth": self._queue.qsize(), "queued_tokens": self._queued_tokens,
-                    "running": self._running}
+        lo = self.engine.load()
+        return {"queue_depth": lo.waiting, "queued_tokens": lo.queued_tokens, "running": lo.running}
 
     def submit(self, req: GenerationRequest) -> asyncio.Queue:
         """Queue `req`; the returned queue gets ("token", id)..., then ("done", Generation) or
         ("error", message)."""
-        loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        with self._lock:
-            self._queued_tokens += len(req.prompt)
-        self._queue.put((req, loop, events))
+        self.engine.submit(req, _EventSink(asyncio.get_running_loop(), events, self.sink))
         return events
 
     def stop(self) -> None:
-        self._queue.put(_STOP)
+        self._stop.set()
         self._thread.join(timeout=30)
 
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not _STOP:
-            req, loop, events = item
-            with self._lock:
-                self._queued_tokens -= len(req.prompt)
-                self._running = 1
 
-            def emit(event: tuple) -> None:
-                loop.call_soon_threadsafe(events.put_nowait, event)
+class _EventSink:
+    """A request's results, handed from the engine's thread to the event loop."""
 
-            try:
-                gen = self.engine.generate(req, lambda t: emit(("token", t)))
-                self.sink.observe(gen.metrics)
-                emit(("done", gen))
-            except Exception as exc:            # the request fails, the instance keeps serving
-                emit(("error", f"{type(exc).__name__}: {exc}"))
-            finally:
-                with self._lock:
-                    self._running = 0
+    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue, metrics: MetricsSink) -> None:
+        self._loop = loop
+        self._events = events
+        self._metrics = metrics
+
+    def _put(self, event: tuple) -> None:
+        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+    def token(self, token: int) -> None:
+        self._put(("token", token))
+
+    def done(self, generation: Generation) -> None:
+        self._metrics.observe(generation.metrics)
+        self._put(("done", generation))
+
+    def failed(self, error: Exception) -> None:
+        self._put(("error", f"{type(error).__name__}: {error}"))
 
 
 def _completion_id() -> str:
@@ -105,7 +100,8 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
     def trailer(gen: Generation) -> dict[str, Any]:
         usage = {"prompt_tokens": gen.metrics.prompt_tokens, "completion_tokens": len(gen.tokens),
                  "total_tokens": gen.metrics.prompt_tokens + len(gen.tokens)}
-        return {"usage": usage, "kv_transfer_params": gen.kv_transfer_params, "kvstore": asdict(gen.metrics)}
+        return {"usage": usage, "kv_transfer_params": gen.kv_transfer_params, "kvstore": asdict(gen.metrics),
+                "kvstore_links": [link.to_dict() for link in engine.links()]}
 
     async def completions(request: Request) -> Response:
         try:
@@ -148,8 +144,13 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
     async def load(_: Request) -> Response:
         return JSONResponse(worker.load())
 
+    store_metrics = getattr(engine.connector.codec.client, "metrics", None) if engine.connector else None
+
     async def metrics(_: Request) -> Response:
-        return Response(sink.exposition(), media_type="text/plain; version=0.0.4")
+        text = sink.exposition()
+        if store_metrics is not None:               # the store client's transfers and links, mounted here
+            text += generate_latest(store_metrics.registry)
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model"}]})

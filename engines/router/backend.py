@@ -15,8 +15,8 @@ registered in `engines/router/cli.py`:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
 
 import httpx
 
@@ -47,6 +47,8 @@ class Prompt:
     payload: str | list[int]            # what the instances are sent as `prompt`
     tokens: int                         # its length in the model's tokens (estimated where noted)
     cached_tokens: int = 0              # leading tokens whose KV kvstore holds (0: not looked up)
+    lookup_failed: bool | None = None   # the router asked kvstore and got no answer (None: did not ask)
+    instance_cached: Mapping[str, int] = field(default_factory=dict)  # per instance: in its own cache
 
 
 @dataclass(frozen=True)

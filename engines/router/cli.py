@@ -64,6 +64,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="retry discovery this long while instances start (a vLLM server takes a minute); "
                         "0: fail at once")
     p.add_argument("--metrics-jsonl", default=None, help="append one JSON line per request here")
+    p.add_argument("--kv-events", action="append", default=None, metavar="URL=ENDPOINT[,REPLAY]",
+                   help="vllm backend: an instance's KV event endpoint (its --kv-events-config), e.g. "
+                        "http://127.0.0.1:8100=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558; repeat per instance. "
+                        "The router then routes each prompt to the instance whose own cache holds most of it "
+                        "(engines/router/affinity.py)")
+    p.add_argument("--store-events", default=None, metavar="ENDPOINT[,REPLAY]",
+                   help="vllm backend: kvstore's KV events (the metadata service's events_port), so the "
+                        "router knows what the store holds")
+    p.add_argument("--kv-block-size", type=int, default=0,
+                   help="the instances' KV block size (vLLM's --block-size), needed with --kv-events or "
+                        "--store-events")
+    p.add_argument("--dashboard", default=None, metavar="HOST:PORT",
+                   help="the metadata service's admin face: register there, so its dashboard shows this "
+                        "router's TTFT, TPOT and fallback rate")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         store = KVClient(args.meta, load_config(ClientConfig))      # KVSTORE_CLIENT_* env applies
     elif args.meta:
         log.info("--meta is not used with --backend %s: the router does not look prompts up", args.backend)
-    backend = _backend(args, store)
+    index = _prefix_index(args)
+    backend = _backend(args, store, index)
     jsonl = open(args.metrics_jsonl, "a") if args.metrics_jsonl else None
     sink = MetricsSink("router", jsonl)
 
@@ -102,9 +117,18 @@ def run(args: argparse.Namespace) -> int:
                           default_bandwidth=args.bandwidth, default_prefill_tps=args.prefill_tps,
                           window_s=args.window, max_local_prefill_length=args.max_local_prefill)
         telemetry = Telemetry(model)
-        return Router(live_pools, make_policy(args.policy, model, telemetry), telemetry, backend, http, sink)
+        policy = make_policy(args.policy, model, telemetry)
+        if index is not None:
+            from kvstore.engines.router.affinity import PrefixAffinity
+
+            # What loading a token from kvstore costs against computing it, in the cost model's terms.
+            policy = PrefixAffinity(policy, lambda: model.kv_bytes_per_token * telemetry.prefill_tps()
+                                    / telemetry.bandwidth())
+        return Router(live_pools, policy, telemetry, backend, http, sink)
 
     def ready(url: str) -> None:
+        if args.dashboard:
+            _register(args.dashboard, url)
         print(f"kvstore ready: router={url} policy={args.policy} backend={args.backend}", flush=True)
 
     try:
@@ -112,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if store is not None:
             store.close()
+        if index is not None:
+            index.close()
         if jsonl is not None:
             jsonl.close()
     return 0
@@ -134,8 +160,27 @@ async def _wait_for_instances(backend: "Backend", pools: "Pools", wait_s: float)
                 await asyncio.sleep(1.0)            # polling for readiness
 
 
-def _backend(args: argparse.Namespace, store: Any | None) -> "Backend":
+def _register(admin: str, url: str) -> None:
+    """Tell the service's dashboard where this router is (it polls /router/state)."""
+    import json
+    import urllib.request
+
+    base = admin if admin.startswith("http") else f"http://{admin}"
+    request = urllib.request.Request(f"{base}/dashboard/routers", data=json.dumps({"url": url}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+    except OSError as exc:                          # the router serves without a dashboard
+        log.warning("could not register with the dashboard at %s: %s", base, exc)
+
+
+def _backend(args: argparse.Namespace, store: Any | None, index: Any | None = None) -> "Backend":
     """The one place backends are chosen by name; each is imported only when chosen."""
+    if args.backend == "vllm" and index is not None:
+        from kvstore.engines.router.prefix_backend import PrefixVLLMBackend
+
+        return PrefixVLLMBackend(args.kv_bytes_per_token, index)
     if args.backend == "vllm":
         from kvstore.engines.router.vllm_backend import VLLMBackend
 
@@ -145,12 +190,42 @@ def _backend(args: argparse.Namespace, store: Any | None) -> "Backend":
     return ReferenceBackend(store)
 
 
+def _prefix_index(args: argparse.Namespace) -> Any | None:
+    """The KV-event-fed prefix index of --kv-events / --store-events, or None without them."""
+    if not (args.kv_events or args.store_events):
+        return None
+    if args.backend != "vllm":
+        raise SystemExit("--kv-events and --store-events are for --backend vllm (the reference backend asks "
+                         "kvstore directly)")
+    if args.kv_block_size <= 0:
+        raise SystemExit("--kv-events and --store-events need --kv-block-size (the instances' vLLM --block-size)")
+    from kvstore.engines.router.prefix_index import EventSource, PrefixIndex
+
+    index = PrefixIndex(args.kv_block_size)
+    try:
+        for spec in args.kv_events or []:
+            url, sep, source = spec.partition("=")
+            if not sep:
+                raise ValueError(f"--kv-events takes URL=ENDPOINT[,REPLAY], got {spec!r}")
+            index.watch_instance(url.strip().rstrip("/"), EventSource.parse(source))
+        if args.store_events:
+            index.watch_store(EventSource.parse(args.store_events))
+    except ValueError as exc:
+        index.close()
+        raise SystemExit(f"kvstore route: {exc}") from exc
+    return index
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvstore route", description=__doc__)
+    parser.add_argument("--log-format", choices=["text", "json"], default="text",
+                        help="json: one JSON object per line, with the request id of the request it is about")
     parser.add_argument("--log-level", default="INFO")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from kvstore.jsonlog import configure
+
+    configure(args.log_level, args.log_format)
     return run(args)
 
 

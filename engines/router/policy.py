@@ -23,13 +23,19 @@ n_l = u tokens if it can load from kvstore, else all n.
              (PD loads the cached prefix on the prefill instance, saves the rest, and the decode
              instance loads all n; a colocated instance with a store loads only the prefix.)
                  delay(i, k) = queued_tokens(i) / prefill_tps            (wait to start)
-                             + weight * prefill(k) * requests(i)         (streams stalled now)
+                             + weight * prefill(k) * streams(i)          (streams stalled now)
                              + weight * arrivals(i) * prefill(k)^2 / 2   (requests arriving while
                                                                           it computes wait half of
                                                                           it on average)
+             streams(i) = requests(i) on an instance that generates; 0 on a prefill instance, whose
+             requests queue ahead of this one (counted in queued_tokens) and generate elsewhere.
              transfer_s = link(2n) - link(n - n_l) is what PD adds; saved_s = the rest of
              cost_colocated - cost_pd is what it buys. transfer_s >= saved_s → colocated; else pd.
              arrivals(i) is the measured rate of prompts sent to instance i to compute.
+
+Every decision past rule 1 carries its `Estimate`: the KV bytes and measured bandwidth behind
+transfer_s, and saved_s split into queueing, interference and compute; the router logs it and
+records it in the request's metrics, whichever rule decided.
 
 `DynamoPolicy` is the baseline (Dynamo's conditional disaggregation): remote prefill iff the
 uncached prompt is longer than max_local_prefill_length and the prefill queue has room. On the same
@@ -38,9 +44,9 @@ estimates, the cost rule is never worse than it on long prompts, since it picks 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, NamedTuple, Protocol, Sequence
 
 from kvstore.engines.router.telemetry import Telemetry
 
@@ -73,10 +79,34 @@ class Pools:
 class RouteRequest:
     prompt_tokens: int
     cached_tokens: int = 0          # leading prompt tokens whose KV kvstore holds
+    # leading prompt tokens each instance holds in its own cache, where known (from KV events:
+    # engines/router/prefix_index.py); read by the PrefixAffinity wrapper (affinity.py)
+    instance_cached: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def uncached_tokens(self) -> int:
         return self.prompt_tokens - self.cached_tokens
+
+
+class Estimate(NamedTuple):
+    """What a hand-off would cost and buy for one request, on the router's measurements now."""
+
+    kv_bytes: int                   # KV bytes the hand-off moves beyond what the local route loads
+    bandwidth: float                # bytes/s, measured from recent loads (or assumed)
+    transfer_s: float               # kv_bytes / bandwidth
+    compute_saved_s: float          # prefix the prefill instance loads but a store-less local recomputes
+    queue_saved_s: float            # prompt tokens queued ahead: local instance minus prefill instance
+    interference_saved_s: float     # streams stalled and arrivals delayed: local minus prefill instance
+
+    @property
+    def saved_s(self) -> float:
+        return self.compute_saved_s + self.queue_saved_s + self.interference_saved_s
+
+    def describe(self) -> str:
+        return (f"transfer {self.transfer_s * 1e3:.1f} ms ({self.kv_bytes / 1e6:.1f} MB at "
+                f"{self.bandwidth / 1e6:.0f} MB/s) vs saved {self.saved_s * 1e3:.1f} ms (queue "
+                f"{self.queue_saved_s * 1e3:.1f} + interference {self.interference_saved_s * 1e3:.1f} + "
+                f"compute {self.compute_saved_s * 1e3:.1f})")
 
 
 @dataclass(frozen=True)
@@ -87,6 +117,8 @@ class Decision:
     reason: str = ""
     transfer_s: float | None = None
     saved_s: float | None = None
+    rule: str = ""                  # which rule decided: cached | short | queue | cost | fixed | dynamo | no-pair
+    estimate: Estimate | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +169,7 @@ def _cached_decision(req: RouteRequest, pools: Pools, loads: Mapping[str, Instan
             or req.uncached_tokens <= model.max_decode_tail_tokens):
         return Decision(Route.DECODE, least_loaded(pools.decode, loads),
                         reason=f"prefix cached: {req.cached_tokens}/{req.prompt_tokens} tokens in kvstore, "
-                               f"{req.uncached_tokens} recomputed on decode")
+                               f"{req.uncached_tokens} recomputed on decode", rule="cached")
     return None
 
 
@@ -149,43 +181,49 @@ class CostPolicy:
         self.telemetry = telemetry
 
     def decide(self, req: RouteRequest, pools: Pools, loads: Mapping[str, InstanceLoad]) -> Decision:
-        m, t = self.model, self.telemetry
+        m = self.model
         if (cached := _cached_decision(req, pools, loads, m)) is not None:
             return cached
         local = _local(pools, loads)
-        n, u = req.prompt_tokens, req.uncached_tokens
-        n_local = n if local in pools.storeless else u
         if not pools.prefill or not pools.decode:
-            return Decision(Route.COLOCATED, local, reason="no prefill/decode pair configured")
-        if n_local < m.min_disagg_tokens:
-            return Decision(Route.COLOCATED, local,
-                            reason=f"short prompt: {n_local} tokens to compute < {m.min_disagg_tokens}")
+            return Decision(Route.COLOCATED, local, reason="no prefill/decode pair configured", rule="no-pair")
         prefill = least_loaded(pools.prefill, loads)
-        p_load, l_load = loads.get(prefill, InstanceLoad()), loads.get(local, InstanceLoad())
+        n_local = req.prompt_tokens if local in pools.storeless else req.uncached_tokens
+        est = self.estimate(req, n_local, loads.get(local, InstanceLoad()), local,
+                            loads.get(prefill, InstanceLoad()), prefill)
+        def decided(route: Route, target: str, reason: str, rule: str, prefill: str | None = None) -> Decision:
+            return Decision(route, target, prefill, reason, est.transfer_s, est.saved_s, rule, est)
+
+        if n_local < m.min_disagg_tokens:
+            return decided(Route.COLOCATED, local, f"short prompt: {n_local} tokens to compute < "
+                           f"{m.min_disagg_tokens}; {est.describe()}", "short")
+        p_load, l_load, t = loads.get(prefill, InstanceLoad()), loads.get(local, InstanceLoad()), self.telemetry
         if p_load.requests >= m.max_prefill_queue:
-            return Decision(Route.COLOCATED, local, reason=f"prefill queue full: {p_load.requests} requests "
-                                                           f"on {prefill}")
+            return decided(Route.COLOCATED, local, f"prefill queue full: {p_load.requests} requests on {prefill}",
+                           "queue")
+        detail = (f"{est.describe()}; prefill {req.uncached_tokens / t.prefill_tps() * 1e3:.1f} ms at "
+                  f"{t.prefill_tps():.0f} tok/s; local {l_load.requests} requests, {t.arrival_rate(local):.2f}/s; "
+                  f"prefill {p_load.requests} requests, {t.arrival_rate(prefill):.2f}/s")
+        if est.transfer_s >= est.saved_s:
+            return decided(Route.COLOCATED, local, f"colocated: {detail}", "cost")
+        return decided(Route.PD, least_loaded(pools.decode, loads), f"pd: {detail}", "cost", prefill)
+
+    def estimate(self, req: RouteRequest, n_local: int, l_load: InstanceLoad, local: str, p_load: InstanceLoad,
+                 prefill: str) -> Estimate:
+        """The cost model's terms for sending `req` to `prefill` rather than computing `n_local` of
+        its tokens on `local` (module docstring, rule 4)."""
+        m, t = self.model, self.telemetry
+        n, u = req.prompt_tokens, req.uncached_tokens
         tps, bw = t.prefill_tps(), t.bandwidth()
 
-        def link(tokens: int) -> float:
-            return tokens * m.kv_bytes_per_token / bw
-
-        def delay(load: InstanceLoad, arrivals: float, tokens: int) -> float:
+        def interference(load: InstanceLoad, arrivals: float, tokens: int) -> float:
             busy = tokens / tps
-            return load.tokens / tps + m.interference_weight * (busy * load.requests + arrivals * busy ** 2 / 2)
+            return m.interference_weight * (busy * load.requests + arrivals * busy ** 2 / 2)
 
-        transfer_s = link(2 * n) - link(n - n_local)
-        saved_s = (n_local - u) / tps + (delay(l_load, t.arrival_rate(local), n_local)
-                                         - delay(p_load, t.arrival_rate(prefill), u))
-        numbers = (f"transfer {transfer_s * 1e3:.1f} ms ({n} tokens at {bw / 1e6:.0f} MB/s) vs saved "
-                   f"{saved_s * 1e3:.1f} ms (prefill {u / tps * 1e3:.1f} ms at {tps:.0f} tok/s; local "
-                   f"{l_load.requests} requests, {t.arrival_rate(local):.2f}/s; prefill {p_load.requests} "
-                   f"requests, {t.arrival_rate(prefill):.2f}/s)")
-        if transfer_s >= saved_s:
-            return Decision(Route.COLOCATED, local, reason=f"colocated: {numbers}",
-                            transfer_s=transfer_s, saved_s=saved_s)
-        return Decision(Route.PD, least_loaded(pools.decode, loads), prefill, reason=f"pd: {numbers}",
-                        transfer_s=transfer_s, saved_s=saved_s)
+        kv_bytes = (2 * n - (n - n_local)) * m.kv_bytes_per_token
+        return Estimate(kv_bytes, bw, kv_bytes / bw, (n_local - u) / tps, (l_load.tokens - p_load.tokens) / tps,
+                        interference(l_load, t.arrival_rate(local), n_local)
+                        - interference(InstanceLoad(0, p_load.tokens), t.arrival_rate(prefill), u))
 
 
 class DynamoPolicy:
@@ -200,15 +238,15 @@ class DynamoPolicy:
         m = self.model
         local = _local(pools, loads)
         if not pools.prefill or not pools.decode:
-            return Decision(Route.COLOCATED, local, reason="no prefill/decode pair configured")
+            return Decision(Route.COLOCATED, local, reason="no prefill/decode pair configured", rule="no-pair")
         prefill = least_loaded(pools.prefill, loads)
         queue = loads.get(prefill, InstanceLoad()).requests
         if req.uncached_tokens > m.max_local_prefill_length and queue < m.max_prefill_queue:
             return Decision(Route.PD, least_loaded(pools.decode, loads), prefill,
                             reason=f"dynamo: {req.uncached_tokens} uncached > {m.max_local_prefill_length}, "
-                                   f"prefill queue {queue} < {m.max_prefill_queue}")
+                                   f"prefill queue {queue} < {m.max_prefill_queue}", rule="dynamo")
         return Decision(Route.COLOCATED, local, reason=f"dynamo: local prefill of {req.uncached_tokens} tokens "
-                                                       f"(prefill queue {queue})")
+                                                       f"(prefill queue {queue})", rule="dynamo")
 
 
 class FixedPolicy:
@@ -224,11 +262,11 @@ class FixedPolicy:
 
     def decide(self, req: RouteRequest, pools: Pools, loads: Mapping[str, InstanceLoad]) -> Decision:
         if self.route is Route.COLOCATED or not pools.prefill or not pools.decode:
-            return Decision(Route.COLOCATED, _local(pools, loads), reason="fixed: colocated")
+            return Decision(Route.COLOCATED, _local(pools, loads), reason="fixed: colocated", rule="fixed")
         if (cached := _cached_decision(req, pools, loads, self.model)) is not None:
             return cached
         return Decision(Route.PD, least_loaded(pools.decode, loads), least_loaded(pools.prefill, loads),
-                        reason="fixed: pd")
+                        reason="fixed: pd", rule="fixed")
 
 
 def make_policy(name: str, model: CostModel, telemetry: Telemetry) -> Policy:

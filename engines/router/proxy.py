@@ -25,7 +25,9 @@ from kvstore.engines.metrics import MetricsSink, RequestMetrics
 from kvstore.engines.router.backend import Backend, Handoff, Prompt, Rejected
 from kvstore.engines.router.policy import Decision, InstanceLoad, Policy, Pools, Route, RouteRequest
 from kvstore.engines.router.telemetry import Telemetry
-from kvstore.engines.serving import iter_sse
+from kvstore.engines.serving import iter_sse, sse_lines
+from kvstore.jsonlog import REQUEST_ID_HEADER, request_id
+from kvstore.jsonlog import event as log_event
 
 log = logging.getLogger("kvstore.engines.router")
 
@@ -62,14 +64,19 @@ class Router:
         arrival = time.perf_counter()
         prompt = await self.backend.prompt(self.http, body)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
-        decision = self.policy.decide(RouteRequest(prompt.tokens, prompt.cached_tokens), self.pools, self.loads())
+        request_id.set(rid)             # this request's log lines carry it; instances get it as X-Request-Id
+        headers = {REQUEST_ID_HEADER: rid}
+        decision = self.policy.decide(RouteRequest(prompt.tokens, prompt.cached_tokens, prompt.instance_cached),
+                                      self.pools, self.loads())
         log.info("request %s: %d tokens, %d cached -> %s (%s)", rid, prompt.tokens, prompt.cached_tokens,
                  decision.route.value, decision.reason)
-        rec = RequestMetrics(rid, decision.route.value, prompt_tokens=prompt.tokens, reason=decision.reason)
+        rec = RequestMetrics(rid, decision.route.value, prompt_tokens=prompt.tokens, reason=decision.reason,
+                             kv_lookup_failed=prompt.lookup_failed)
+        record_decision(rec, decision)
         self.telemetry.record_arrival(decision.prefill or decision.target)
         handoff = self.backend.promised(prompt) if decision.route is Route.DECODE else None
         if decision.route is Route.PD:
-            handoff = await self._prefill(decision, body, prompt, rec)
+            handoff = await self._prefill(decision, body, prompt, rec, headers)
         attempts: list[tuple[str, Handoff | None]] = [(decision.target, handoff)]
         if handoff is not None:
             attempts.append((decision.target, None))            # the same instance recomputes
@@ -77,14 +84,15 @@ class Router:
         clock = _TokenClock()
         for i, (target, given) in enumerate(attempts):
             reusable = given.tokens if given else (0 if target in self.pools.storeless else prompt.cached_tokens)
+            reusable = max(reusable, prompt.instance_cached.get(target, 0))     # its own cache
             pending_tokens = prompt.tokens - reusable
             self._track(target, 1, pending_tokens)
             fold = self.backend.fold(body, decision.route, self.telemetry)
             try:
-                async with self.http.stream("POST", f"{target}/v1/completions",
+                async with self.http.stream("POST", f"{target}/v1/completions", headers=headers,
                                             json=self.backend.generate_body(body, prompt, given)) as resp:
                     await _check(resp, target)
-                    async for event in iter_sse(resp.aiter_lines()):
+                    async for event in iter_sse(sse_lines(resp.aiter_text())):
                         if "error" in event:
                             raise RuntimeError(_message(event))
                         out, tokens = fold.chunk(event, rec)
@@ -100,9 +108,11 @@ class Router:
                 rec.tpot_s = rec.tpot_s if rec.tpot_s is not None else clock.tpot()
                 rec.e2e_s = time.perf_counter() - arrival
                 if (trailer := fold.finish(rec)) is not None:
+                    rec.ttft_phases = rec.split_ttft()
                     trailer["id"] = rid
                     trailer["kvstore"] = asdict(rec)
                     yield trailer
+                rec.ttft_phases = rec.split_ttft()
                 break
             except Rejected as exc:
                 self._fail(rec, target, exc, arrival)
@@ -117,6 +127,8 @@ class Router:
                             rid, target, exc, attempts[i + 1][0], "" if attempts[i + 1][1] else ", recomputing")
             finally:
                 self._track(target, -1, -pending_tokens)
+        if rec.fallback:
+            log_event(log, "fallback", logging.WARNING, request_id=rid, reason=rec.fallback, route=rec.route)
         self.sink.observe(rec)
 
     def _fail(self, rec: RequestMetrics, target: str, exc: Exception, arrival: float) -> None:
@@ -125,12 +137,13 @@ class Router:
         self.sink.observe(rec)
 
     async def _prefill(self, decision: Decision, body: dict[str, Any], prompt: Prompt,
-                       rec: RequestMetrics) -> Handoff | None:
+                       rec: RequestMetrics, headers: dict[str, str]) -> Handoff | None:
         url = decision.prefill
         self._track(url, 1, prompt.tokens)
         start = time.perf_counter()
         try:
-            resp = await self.http.post(f"{url}/v1/completions", json=self.backend.prefill_body(body, prompt))
+            resp = await self.http.post(f"{url}/v1/completions", headers=headers,
+                                        json=self.backend.prefill_body(body, prompt))
             resp.raise_for_status()
             return self.backend.prefilled(resp.json(), time.perf_counter() - start, prompt, rec, self.telemetry)
         except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
@@ -140,6 +153,15 @@ class Router:
             return None
         finally:
             self._track(url, -1, -prompt.tokens)
+
+
+def record_decision(rec: RequestMetrics, decision: Decision) -> None:
+    """The rule and the cost model's estimate behind a route, in the request's record."""
+    rec.route_rule = decision.rule
+    if (est := decision.estimate) is not None:
+        rec.est_kv_bytes, rec.est_bandwidth, rec.est_transfer_s = est.kv_bytes, est.bandwidth, est.transfer_s
+        rec.est_saved_s, rec.est_queue_saved_s = est.saved_s, est.queue_saved_s
+        rec.est_interference_saved_s = est.interference_saved_s
 
 
 class _TokenClock:

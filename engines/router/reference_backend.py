@@ -2,8 +2,10 @@
 
 Instances describe their block naming at /kvstore/info, so the router computes a prompt's block
 keys itself (byte tokens) and asks kvstore how much of it is cached. Prefill and decode are sent
-token ids; decode is told how many tokens to expect (`expected_cached_tokens`: every full block of
-the prompt). Each instance reports the request's measured phases under `kvstore`.
+token ids; decode is told how many tokens to expect (`expected_cached_tokens`: the blocks the
+prefill instance stored). Each instance reports the request's measured phases under `kvstore`,
+and what failed there (lookup, save, load, tokens recomputed for want of KV): the router's record
+folds them together, so a degraded PD path reads as one, with a fallback reason.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -31,6 +33,11 @@ class BlockNaming:
 
     scheme: KeyScheme
     parts: list[int] | None
+
+
+class PrefixLookup(NamedTuple):
+    tokens: int                         # leading prompt tokens kvstore holds
+    failed: bool | None                 # kvstore did not answer (None: not asked)
 
 
 class ReferenceBackend:
@@ -70,22 +77,23 @@ class ReferenceBackend:
         if not tokens:
             raise ValueError("empty prompt")
         int(body.get("max_tokens", 16))                 # a malformed value fails here, before any work
-        return Prompt(tokens, len(tokens), await asyncio.to_thread(self.cached_tokens, tokens))
+        found = await asyncio.to_thread(self.cached_tokens, tokens)
+        return Prompt(tokens, len(tokens), found.tokens, found.failed)
 
-    def cached_tokens(self, tokens: list[int]) -> int:
+    def cached_tokens(self, tokens: list[int]) -> PrefixLookup:
         """Leading prompt tokens kvstore holds (0 without a store, or if it cannot be reached)."""
         if self.store is None:
-            return 0
+            return PrefixLookup(0, None)
         scheme, parts = self.naming.scheme, self.naming.parts
         hashes = scheme.block_hashes(tokens)
         if not hashes:
-            return 0
+            return PrefixLookup(0, None)
         try:
             matched = self.store.match_prefix(scheme.object_keys(hashes, parts))
         except Exception as exc:                    # the store being down is a miss, not an error
             log.warning("match_prefix failed (%s): routing as uncached", exc)
-            return 0
-        return matched // (len(parts) if parts else 1) * scheme.block_size
+            return PrefixLookup(0, True)
+        return PrefixLookup(matched // (len(parts) if parts else 1) * scheme.block_size, False)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -97,13 +105,22 @@ class ReferenceBackend:
                   telemetry: Telemetry) -> Handoff | None:
         m = answer["kvstore"]
         rec.queue_s += m["queue_s"]
+        rec.batch_wait_s += m.get("batch_wait_s", 0.0)
         rec.prefill_tokens, rec.prefill_compute_s = m["prefill_tokens"], m["prefill_compute_s"]
         rec.kv_save_s, rec.kv_save_bytes = m["kv_save_s"], m["kv_save_bytes"]
+        _fold_failures(rec, m)
+        rec.fallback = rec.fallback or m["fallback"]       # KV the prefill instance itself lacked
         telemetry.record_prefill(m["prefill_tokens"], m["prefill_compute_s"])
-        if answer["kv_transfer_params"].get("save_error"):
+        params = answer["kv_transfer_params"]
+        stored = int(params["cached_tokens"])
+        if params.get("save_error"):
+            # Decode is promised only what is stored; what the hand-off lacks, it recomputes.
+            block = self.naming.scheme.block_size
             rec.fallback = "save_failed"
-        block = self.naming.scheme.block_size
-        return self.promised(Prompt(prompt.payload, prompt.tokens, prompt.tokens // block * block))
+            rec.add_failures(missing_tokens=max(0, (prompt.tokens - 1) // block * block - stored))
+            log.warning("request %s: the prefill instance's save failed (%s); decode recomputes all but %d tokens",
+                        rec.request_id, params["save_error"], stored)
+        return self.promised(Prompt(prompt.payload, prompt.tokens, stored))
 
     def promised(self, prompt: Prompt) -> Handoff | None:
         if prompt.cached_tokens <= 0:
@@ -132,6 +149,7 @@ class _Fold:
         tokens = len(event["choices"][0]["token_ids"])
         if "kvstore" not in event:
             return event, tokens
+        self.telemetry.record_links(event.pop("kvstore_links", None) or [])   # the instance's link monitor
         self._fold_generation(rec, event["kvstore"])
         self.trailer = event
         return None, tokens
@@ -141,17 +159,30 @@ class _Fold:
 
     def _fold_generation(self, rec: RequestMetrics, m: dict[str, Any]) -> None:
         rec.queue_s += m["queue_s"]
+        rec.batch_wait_s += m.get("batch_wait_s", 0.0)
         rec.cached_tokens = m["cached_tokens"]
         rec.kv_load_s, rec.kv_load_bytes = m["kv_load_s"], m["kv_load_bytes"]
+        _fold_failures(rec, m)
         # Loads measure the link: nothing overlaps them (saves share the CPU with compute).
         self.telemetry.record_transfer(m["kv_load_bytes"], m["kv_load_s"])
         if self.route is Route.COLOCATED:
             rec.prefill_tokens, rec.prefill_compute_s = m["prefill_tokens"], m["prefill_compute_s"]
             self.telemetry.record_prefill(m["prefill_tokens"], m["prefill_compute_s"])
             rec.kv_save_s, rec.kv_save_bytes = m["kv_save_s"], m["kv_save_bytes"]
+            rec.recompute_tokens, rec.recompute_s = 0, 0.0          # no decode instance took part
         else:
             rec.recompute_tokens, rec.recompute_s = m["prefill_tokens"], m["prefill_compute_s"]
         rec.fallback = rec.fallback or m["fallback"]
+        for name in ("decode_steps", "decode_steps_with_prefill", "decode_steps_prefill_tokens", "preemptions",
+                     "itl_s"):
+            if name in m:                           # what the batch did to this request's decode
+                setattr(rec, name, m[name])
         # TPOT as the generating instance timed it: a relay's clock sees tokens in bursts whenever
         # its event loop is starved, which on a shared machine says nothing about decode speed.
         rec.tpot_s = m["tpot_s"]
+
+
+def _fold_failures(rec: RequestMetrics, m: dict[str, Any]) -> None:
+    """What an instance's record says failed there, into the router's record."""
+    rec.add_failures(lookup=m.get("kv_lookup_failed"), save=m.get("kv_save_failed"), load=m.get("kv_load_failed"),
+                     missing_tokens=m.get("kv_missing_tokens"))

@@ -73,8 +73,10 @@ def build_app(make_router: Callable[[httpx.AsyncClient], Any], timeout_s: float)
         return JSONResponse({
             "policy": router.policy.name, "bandwidth_bytes_per_s": router.telemetry.bandwidth(),
             "prefill_tokens_per_s": router.telemetry.prefill_tps(), "fallbacks": router.sink.fallbacks(),
+            "links": router.telemetry.links(), "summary": router.sink.summary(),
             "loads": {u: {"requests": lo.requests, "tokens": lo.tokens} for u, lo in router.loads().items()},
-            "time": time.time()})
+            "time": time.time(),
+            **({"prefix_index": index.stats()} if (index := getattr(router.backend, "index", None)) else {})})
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -1,5 +1,12 @@
 """What the router measures from finished requests: link bandwidth, prefill throughput and
-per-instance arrival rates, each over a sliding window on an injected clock (tests never sleep)."""
+per-instance arrival rates, each over a sliding window on an injected clock (tests never sleep).
+
+Link bandwidth prefers the live figures of the instances' link monitors (each instance's
+KVClient measures its path to every daemon: kvstore.metrics.links), which the instances send with
+their answers: the harmonic mean over the fresh links, since a request's blocks spread over the
+daemons and the slowest dominates. Without any, the bandwidth of recent loads stands in, and
+before anything was measured, the configured default.
+"""
 
 from __future__ import annotations
 
@@ -65,6 +72,7 @@ class Telemetry:
         self._link = _Rate(model.window_s, clock)
         self._prefill = _Rate(model.window_s, clock)
         self._arrivals: dict[str, _Arrivals] = {}
+        self._links: dict[tuple[str, str, str], tuple[float, float]] = {}  # (host, daemon, transport) -> (bw, seen)
 
     def record_arrival(self, instance: str) -> None:
         """A prompt was sent to `instance` to be computed."""
@@ -80,7 +88,24 @@ class Telemetry:
     def record_prefill(self, tokens: int, seconds: float) -> None:
         self._prefill.add(tokens, seconds)
 
+    def record_links(self, links: list[dict]) -> None:
+        """An instance's link monitor figures (LinkStats as dicts): the latest per link is kept."""
+        now = self._clock()
+        for link in links:
+            bandwidth = link.get("bandwidth_bytes_per_s")
+            if bandwidth and not link.get("stale"):
+                self._links[(str(link["host"]), str(link["daemon"]), str(link["transport"]))] = (float(bandwidth), now)
+
+    def links(self) -> dict[str, float]:
+        """The fresh links' bandwidth, "host->daemon/transport" -> bytes/s."""
+        horizon = self._clock() - self.model.window_s
+        self._links = {k: v for k, v in self._links.items() if v[1] >= horizon}
+        return {f"{h}->{d}/{t}": bw for (h, d, t), (bw, _) in self._links.items()}
+
     def bandwidth(self) -> float:
+        live = list(self.links().values())
+        if live:
+            return len(live) / sum(1.0 / bw for bw in live)
         return self._link.value() or self.model.default_bandwidth
 
     def prefill_tps(self) -> float:

@@ -19,6 +19,13 @@ What the router cannot know here, and how it copes:
   call (HTTP and the synchronous KV save included); TTFT and TPOT are timed as tokens arrive.
 - The link: vLLM reports no per-request load times, so the cost model keeps `--bandwidth`, and KV
   bytes per token are not discoverable: `--kv-bytes-per-token` sets them.
+- What the decode instance loaded or recomputed: vLLM's streamed answer carries no
+  kv_transfer_params, so the record leaves cached_tokens, recompute_tokens and the KV load figures
+  None (not measured), never 0. Each instance counts its own (`vllm:kvstore_lookup_failures_total`,
+  `vllm:kvstore_recomputed_tokens_total`, ... on its /metrics).
+- What the prefill instance stored: its kv_transfer_params say how many leading blocks kvstore
+  holds once it finished (the connector checks), and why not all of them (`kvstore_save_error`):
+  the decode instance is promised only those, and the record gets a `save_failed` fallback.
 """
 
 from __future__ import annotations
@@ -112,8 +119,20 @@ class VLLMBackend:
             log.warning("request %s: the prefill instance returned no kv_transfer_params; is it a kvstore "
                         "kv_producer?", rec.request_id)
             rec.fallback = "save_failed"
+            rec.add_failures(save=True)
             return None
-        stored = int(params.get("kvstore_blocks", 0)) * int(params.get("kvstore_block_size", 0))
+        block = int(params.get("kvstore_block_size", 0))
+        stored = int(params.get("kvstore_blocks", 0)) * block
+        error = params.get("kvstore_save_error")
+        rec.add_failures(lookup=params.get("kvstore_lookup_failed"), save=error is not None)
+        if error is not None:
+            # Blocks kvstore never got are recomputed by the decode instance, whatever it finds.
+            rec.fallback = "save_failed"
+            rec.add_failures(missing_tokens=max(0, computed // block * block - stored) if block else None)
+            log.warning("request %s: the prefill instance stored %d of the prompt's %d tokens of KV (%s)",
+                        rec.request_id, stored, computed, error)
+        if stored <= 0:
+            return None             # nothing to hand over: the decode instance computes the prompt
         return Handoff(params, min(stored, computed))
 
     def promised(self, prompt: Prompt) -> Handoff | None:

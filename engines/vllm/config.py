@@ -18,16 +18,26 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Mapping
 
-from kvstore.engines.codec import Granularity
+from kvstore.config import META_ENV, TOKEN_ENV, load_config
+from kvstore.engines.keys import Granularity
+from kvstore.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
 class ConnectorConfig:
-    meta: str
+    """Read by kvstore.config.load_config: kv_connector_extra_config's keys are the fields, and
+    each field can also be set as $KVSTORE_VLLM_<FIELD> ($KVSTORE_META for `meta`)."""
+
+    SECTION: ClassVar[str] = "vllm"
+    ENV: ClassVar[dict[str, str]] = {"meta": META_ENV, "token": TOKEN_ENV}
+
+    meta: str = ""
+    # The store's bearer token: $KVSTORE_TOKEN (vLLM logs its kv_transfer_config, so a token
+    # given there would reach vLLM's log), else the token file. Never part of repr or a log line.
+    token: str = field(default="", repr=False)
     tenant: str = "default"
     model_id: str = ""
     hash_seed: int = 0
@@ -42,30 +52,22 @@ class ConnectorConfig:
 
     def __post_init__(self) -> None:
         if not self.meta:
-            raise ValueError("kvstore connector: set kv_connector_extra_config.meta (or $KVSTORE_META) "
-                             "to the kvstore metadata service address, e.g. 127.0.0.1:50051")
+            raise InvalidArgument("set kv_connector_extra_config.meta (or $KVSTORE_META) "
+                                  "to the kvstore metadata service address, e.g. 127.0.0.1:50051")
         for name in ("remote_save_wait_s", "lookup_backoff_s"):
             if getattr(self, name) < 0:
-                raise ValueError(f"kvstore connector: {name} must not be negative")
+                raise InvalidArgument(f"{name} must not be negative")
         for name in ("lookup_timeout_s", "transfer_timeout_s"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"kvstore connector: {name} must be positive")
+                raise InvalidArgument(f"{name} must be positive")
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None, default_model: str) -> "ConnectorConfig":
+        """The settings in `extra` (kv_connector_extra_config) over env over the defaults; the
+        model id defaults to the served model's name."""
         extra = dict(extra or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - known)
-        if unknown:
-            raise ValueError(f"kvstore connector: unknown kv_connector_extra_config keys {unknown}; "
-                             f"known: {sorted(known)}")
-        extra.setdefault("meta", os.environ.get("KVSTORE_META", ""))
-        extra["model_id"] = extra.get("model_id") or default_model
-        if "granularity" in extra:
-            extra["granularity"] = Granularity(extra["granularity"])
-        if "transports" in extra:
-            extra["transports"] = tuple(extra["transports"])
-        for name in ("load_async", "save_async"):
-            if name in extra and not isinstance(extra[name], bool):
-                extra[name] = str(extra[name]).strip().lower() in ("1", "true", "yes", "on")
-        return cls(**extra)
+        try:
+            config = load_config(cls, None, None, **extra)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"kvstore connector: {exc}") from None
+        return config if config.model_id else replace(config, model_id=default_model)

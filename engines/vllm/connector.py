@@ -101,7 +101,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         return self.worker.load_errors()
 
     def get_kv_connector_stats(self) -> TransferStats | None:
-        return self.worker.take_interval_stats() if self.worker is not None else None
+        """This side's counters since the last call; vLLM sums the scheduler's and the workers'."""
+        side = self.worker if self.worker is not None else self.scheduler
+        return side.take_interval_stats() if side is not None else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TransferStats:

@@ -3,8 +3,15 @@ to save each step, and when a finished request's blocks may be freed.
 
 One `match_prefix` per lookup over the request's block keys. Only full prompt blocks are named (the
 chained hashes of kvstore.engines.keys). A synchronous load never claims the prompt's last token,
-which vLLM must compute to sample; after an asynchronous load vLLM recomputes that one token itself. A failed lookup is a miss, and lookups pause for `lookup_backoff_s` so a
-store that is down costs each request nothing.
+which vLLM must compute to sample; after an asynchronous load vLLM recomputes that one token itself.
+A failed lookup is a miss, and lookups pause for `lookup_backoff_s` so a store that is down costs
+each request nothing (nor does it wait for blocks a prefill promised: they cannot arrive).
+
+What went wrong is counted, never only logged: failed and skipped lookups, prompt tokens
+recomputed because KV that was promised or listed did not arrive, and blocks a PD prefill saved
+that kvstore does not hold when it finishes (checked by one lookup, so that its answer promises
+only what the decode instance can load). Each finished request's `kv_transfer_params` say what
+happened to it (`kvstore_*` keys; see `finished`).
 """
 
 from __future__ import annotations
@@ -12,13 +19,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from kvstore import blockhash
 from kvstore.client import KVClient, KVStoreError
 from kvstore.config import ClientConfig
 from kvstore.engines.keys import KeyScheme
 from kvstore.engines.vllm.config import ConnectorConfig
-from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata
+from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata, TransferStats
 
 log = logging.getLogger("vllm.kvstore.scheduler")
 
@@ -39,8 +47,17 @@ class _Tracked:
     saving: bool = False            # some save was dispatched for it
     loading: frozenset[int] = frozenset()   # block ids of its last load
     load_failed: bool = False       # a load failed: recompute from now on, never load again
+    lookup_failed: bool = False     # a lookup for it failed, or was skipped as kvstore was failing
+    loaded_blocks: int = 0          # blocks granted to a load and not reported failed
+    missing_blocks: int = 0         # blocks promised or listed that did not arrive: recomputed
+    accounted: bool = False         # its lookup's outcome is counted (once per request)
     first_ask: float = field(default_factory=time.monotonic)
     last_ask: float = 0.0
+
+
+class Lookup(NamedTuple):
+    blocks: int                     # leading blocks kvstore holds whole
+    failed: bool                    # kvstore did not answer (or was failing: not asked)
 
 
 class SchedulerSide:
@@ -60,8 +77,10 @@ class SchedulerSide:
         self._requests: dict[str, _Tracked] = {}
         self._loads: list[LoadJob] = []
         self._skip_lookups_until = 0.0
-        self.stats = {"lookups": 0, "lookup_failures": 0, "hit_tokens": 0, "hit_requests": 0,
-                      "saved_blocks_dispatched": 0}
+        self.stats = {"lookups": 0, "lookup_failures": 0, "lookups_skipped": 0, "hit_tokens": 0,
+                      "hit_requests": 0, "saved_blocks_dispatched": 0, "recomputed_tokens": 0,
+                      "unsaved_blocks": 0}
+        self.interval = TransferStats()   # the counters vLLM exports (vllm:kvstore_*_total)
 
     # -- naming --------------------------------------------------------------------------------
 
@@ -85,13 +104,26 @@ class SchedulerSide:
     def client(self) -> KVClient:
         if self._client is None:
             self._client = KVClient(self.config.meta, ClientConfig(timeout_s=self.config.lookup_timeout_s,
-                                                                   transports=self.config.transports))
+                                                                   transports=self.config.transports,
+                                                                   token=self.config.token))
         return self._client
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    def _count(self, **values: int) -> None:
+        for name, value in values.items():
+            self.stats[name] += value
+        self.interval.add(**values)
+
+    def take_interval_stats(self) -> TransferStats | None:
+        """The exported counters since the last call (vLLM adds them to the workers')."""
+        if self.interval.is_empty():
+            return None
+        stats, self.interval = self.interval, TransferStats()
+        return stats
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -107,20 +139,23 @@ class SchedulerSide:
             return []               # prompt embeddings / images: their KV is not named by tokens
         return self._hashing.block_hashes(tokens, _extra_key(request))
 
-    def _stored_blocks(self, hashes: list[bytes]) -> int:
-        if not hashes or self.scheme is None or time.monotonic() < self._skip_lookups_until:
-            return 0
-        self.stats["lookups"] += 1
+    def _stored_blocks(self, hashes: list[bytes]) -> Lookup:
+        if not hashes or self.scheme is None:
+            return Lookup(0, False)
+        if time.monotonic() < self._skip_lookups_until:
+            self._count(lookups_skipped=1)
+            return Lookup(0, True)
+        self._count(lookups=1)
         keys = self.scheme.object_keys(hashes, self.parts)
         try:
             found = self.client().match_prefix(keys)
         except KVStoreError as exc:
-            self.stats["lookup_failures"] += 1
+            self._count(lookup_failures=1)
             self._skip_lookups_until = time.monotonic() + self.config.lookup_backoff_s
             log.warning("kvstore: lookup failed (%s: %s); treating requests as uncached for %.1fs",
                         type(exc).__name__, exc, self.config.lookup_backoff_s)
-            return 0
-        return found // len(self.parts or [None])
+            return Lookup(0, True)
+        return Lookup(found // len(self.parts or [None]), False)
 
     def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         if not self.load_enabled:
@@ -140,9 +175,20 @@ class SchedulerSide:
         if promised and now - t.last_ask < _REMOTE_POLL_S and now - t.first_ask < self.config.remote_save_wait_s:
             return None, False
         t.last_ask = now
-        stored = self._stored_blocks(t.hashes[:cap])
-        if stored < promised and now - t.first_ask < self.config.remote_save_wait_s:
+        lookup = self._stored_blocks(t.hashes[:cap])
+        t.lookup_failed = t.lookup_failed or lookup.failed
+        stored = lookup.blocks
+        if stored < promised and not lookup.failed and now - t.first_ask < self.config.remote_save_wait_s:
             return None, False      # the prefill's saves are still landing: ask again next step
+        if not t.accounted:
+            t.accounted = True
+            missing = max(0, promised - max(stored, num_computed_tokens // self.block_size))
+            if missing:
+                t.missing_blocks += missing
+                self._count(recomputed_tokens=missing * self.block_size)
+                found = "kvstore did not answer" if lookup.failed else f"kvstore holds {stored}"
+                log.warning("kvstore: request %s was promised %d blocks, %s; vLLM recomputes %d",
+                            request.request_id, promised, found, missing)
         t.stored = max(t.stored, stored)
         t.local_tokens = num_computed_tokens
         external = stored * self.block_size - num_computed_tokens
@@ -160,6 +206,7 @@ class SchedulerSide:
                       self.config.load_async)
         self._loads.append(job)
         t.loading = frozenset(job.block_ids)
+        t.loaded_blocks += len(job.block_ids)
         self.stats["hit_requests"] += 1
         self.stats["hit_tokens"] += num_external_tokens
 
@@ -169,9 +216,13 @@ class SchedulerSide:
         if not invalid_block_ids:
             return
         for req_id, t in self._requests.items():
-            if t.loading & invalid_block_ids:
+            failed = len(t.loading & invalid_block_ids)
+            if failed:
                 t.load_failed = True
-                log.info("kvstore: request %s recomputes the blocks it could not load", req_id)
+                t.loaded_blocks -= failed
+                t.missing_blocks += failed
+                self._count(recomputed_tokens=failed * self.block_size)
+                log.info("kvstore: request %s recomputes the %d blocks it could not load", req_id, failed)
 
     # -- per step ------------------------------------------------------------------------------
 
@@ -203,14 +254,41 @@ class SchedulerSide:
         return meta
 
     def finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
-        """(hold the blocks until the workers ack the saves, kv_transfer_params for the response)."""
+        """(hold the blocks until the workers ack the saves, kv_transfer_params for the response).
+
+        The params say what kvstore did for the request: `kvstore_loaded_tokens` (prompt tokens
+        loaded), `kvstore_missing_tokens` (promised or listed, did not arrive: recomputed),
+        `kvstore_lookup_failed`; a producer adds `kvstore_blocks` (leading blocks stored, for the
+        decode instance) and `kvstore_block_size`, and after a failed save `kvstore_save_error`.
+        For a PD prefill (`do_remote_decode`) with synchronous saves, `kvstore_blocks` is what
+        kvstore holds when the request ends (one lookup), not what was sent."""
         t = self._requests.pop(request.request_id, None)
-        if t is None or not self.save_enabled:
+        if t is None:
             return False, None
-        params = {"kvstore_blocks": max(t.dispatched, t.stored), "kvstore_block_size": self.block_size}
+        params: dict[str, Any] = {"kvstore_loaded_tokens": t.loaded_blocks * self.block_size,
+                                  "kvstore_missing_tokens": t.missing_blocks * self.block_size,
+                                  "kvstore_lookup_failed": t.lookup_failed}
+        if not self.save_enabled:
+            return False, params
+        blocks = max(t.dispatched, t.stored)
+        params.update(kvstore_blocks=blocks, kvstore_block_size=self.block_size)
         if self.scheme is not None:
             params["kvstore_fingerprint"] = self.scheme.fingerprint
+        if blocks and _params(request).get("do_remote_decode") and not self.config.save_async:
+            params.update(self._confirm_saved(request.request_id, t.hashes[:blocks]))
         return self.config.save_async and t.saving, params
+
+    def _confirm_saved(self, req_id: str, hashes: list[bytes]) -> dict[str, Any]:
+        """How many of a finished prefill's blocks kvstore holds (its saves are done: synchronous
+        saves end before the step's output). {} when all of them."""
+        lookup = self._stored_blocks(hashes)
+        if not lookup.failed and lookup.blocks == len(hashes):
+            return {}
+        self._count(unsaved_blocks=len(hashes) - lookup.blocks)
+        error = ("kvstore did not answer: the saves are unconfirmed" if lookup.failed
+                 else f"kvstore holds {lookup.blocks} of the {len(hashes)} blocks saved: a save failed")
+        log.warning("kvstore: request %s: %s; the decode instance recomputes the rest", req_id, error)
+        return {"kvstore_blocks": lookup.blocks, "kvstore_save_error": error}
 
 
 def _params(request: Any) -> dict[str, Any]:
@@ -218,12 +296,7 @@ def _params(request: Any) -> dict[str, Any]:
 
 
 def _extra_key(request: Any) -> bytes:
-    """What else decides a block's KV besides its tokens: the LoRA adapter and the cache salt."""
-    parts = []
+    """What else decides a block's KV besides its tokens: the LoRA adapter and the cache salt (in
+    kvstore.blockhash's encoding, which the indexer and the router also use)."""
     lora = getattr(request, "lora_request", None)
-    if lora is not None:
-        parts.append(f"lora={lora.lora_name}")
-    salt = getattr(request, "cache_salt", None)
-    if salt:
-        parts.append(f"salt={salt}")
-    return "|".join(parts).encode()
+    return blockhash.extra_key(lora.lora_name if lora is not None else None, getattr(request, "cache_salt", None))

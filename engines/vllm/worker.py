@@ -21,6 +21,7 @@ from kvstore.engines.codec import Granularity, KVBlockCodec, LoadResult, SaveRes
 from kvstore.engines.keys import KeyScheme
 from kvstore.engines.vllm.config import ConnectorConfig
 from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata, TransferStats
+from kvstore.engines.vllm.save_batch import InFlightSaves
 
 log = logging.getLogger("vllm.kvstore.worker")
 
@@ -80,6 +81,9 @@ class WorkerSide:
         self._save_pool = ThreadPoolExecutor(1, thread_name_prefix="kvstore-save")
         self._load_pool = ThreadPoolExecutor(1, thread_name_prefix="kvstore-load")
         self._step_saves: list[Future[SaveResult]] = []
+        self._step_waits: dict[int, Future[SaveResult]] = {}     # earlier saves this step's blocks need
+        self._step_deduped = 0
+        self._in_flight = InFlightSaves()
         self._saving: dict[str, list[Future[SaveResult]]] = {}    # async saves by request
         self._uncounted: list[list[Future[SaveResult]]] = []      # async saves by step
         self._finished: set[str] = set()                          # finished, saves still running
@@ -88,6 +92,7 @@ class WorkerSide:
         self._idle_step = False
         self.interval = TransferStats()
         self.totals = TransferStats()
+        self._client_seen: dict[tuple[str, str, str], tuple[int, int, float]] = {}
 
     # -- registration ----------------------------------------------------------------------------
 
@@ -98,7 +103,8 @@ class WorkerSide:
                            tenant=self.config.tenant, seed=self.config.hash_seed)
         if self._client is None:
             self._client = KVClient(self.config.meta, ClientConfig(timeout_s=self.config.transfer_timeout_s,
-                                                                   transports=self.config.transports))
+                                                                   transports=self.config.transports,
+                                                                   token=self.config.token))
         self.codec = KVBlockCodec(self._client, scheme, planes, self.config.granularity, layer_of_plane)
         try:
             self.codec.check_scheme()
@@ -166,26 +172,42 @@ class WorkerSide:
             return
         layer = self._layer_of_name.get(layer_name)
         if layer is not None:
-            hashes, ids = _flatten(meta.saves)
-            self._submit_save(hashes, ids, [layer])
+            self._submit_save(meta.saves, layer)
 
     def end_step(self, meta: StepMetadata) -> None:
-        """The forward pass is done. Synchronous saves: wait until this step's blocks are stored, so
-        a finished request's output goes out only after its KV is in kvstore."""
+        """The forward pass is done. Synchronous saves: wait until this step's blocks are stored
+        (by this step's saves, or by earlier ones still writing some of them), so a finished
+        request's output goes out only after its KV is in kvstore."""
         if meta.saves and self.codec is not None and self.config.granularity is Granularity.BLOCK:
-            hashes, ids = _flatten(meta.saves)
-            self._submit_save(hashes, ids, None)
+            self._submit_save(meta.saves, None)
         futures, self._step_saves = self._step_saves, []
+        waits, self._step_waits = list(self._step_waits.values()), {}
+        if self._step_deduped:
+            self._count(save_deduped=self._step_deduped)
+            self._step_deduped = 0
         if self.config.save_async:
             for job in meta.saves:      # every one, even if nothing was submitted: each gets its ack
-                self._saving.setdefault(job.req_id, []).extend(futures)
+                self._saving.setdefault(job.req_id, []).extend(futures + waits)
             if futures:
                 self._uncounted.append(futures)
         else:
+            for earlier in waits:       # counted with the step that submitted it
+                earlier.result()
             self._collect_saves(futures)
 
-    def _submit_save(self, hashes: list[bytes], ids: list[int], layers: list[int] | None) -> None:
-        self._step_saves.append(self._save_pool.submit(self.codec.save, hashes, ids, layers))
+    def _submit_save(self, jobs: Sequence[BlockJob], layer: int | None) -> None:
+        """Submit one put_many for `jobs`' blocks (of `layer`; None: whole blocks), each block
+        once and none that a save in flight is already writing (save_batch.py)."""
+        batch = self._in_flight.plan(jobs, layer)
+        self._step_waits.update((id(f), f) for f in batch.waits)
+        # Every layer of a step leaves out the same repeats: count the step's blocks, not layers'.
+        self._step_deduped = max(self._step_deduped, batch.repeated + batch.in_flight)
+        if not batch.hashes:
+            return
+        layers = None if layer is None else [layer]
+        future = self._save_pool.submit(self.codec.save, batch.hashes, batch.block_ids, layers)
+        self._in_flight.started(batch, layer, future)
+        self._step_saves.append(future)
 
     def _collect_saves(self, futures: list[Future[SaveResult]]) -> None:
         results = [f.result() for f in futures]
@@ -239,14 +261,17 @@ class WorkerSide:
     def take_interval_stats(self) -> TransferStats | None:
         if self.interval.is_empty():
             return None
+        self._fold_client_totals()
         stats, self.interval = self.interval, TransferStats()
         return stats
 
-
-def _flatten(jobs: Sequence[BlockJob]) -> tuple[list[bytes], list[int]]:
-    hashes: list[bytes] = []
-    ids: list[int] = []
-    for job in jobs:
-        hashes.extend(job.hashes)
-        ids.extend(job.block_ids)
-    return hashes, ids
+    def _fold_client_totals(self) -> None:
+        """The store client's transfers since the last interval, per (transport, daemon,
+        direction): vLLM carries them to its /metrics process with the rest (TransferPromMetrics)."""
+        metrics = getattr(self._client, "metrics", None)
+        if metrics is None:
+            return
+        for key, now in metrics.totals().items():
+            before = self._client_seen.get(key, (0, 0, 0.0))
+            self._client_seen[key] = now
+            self.interval.add_client(key, *(a - b for a, b in zip(now, before)))

@@ -18,24 +18,24 @@ import time
 
 import numpy as np
 
-from kvstore.bench.results import Ceiling
+from kvstore.bench.results import Ceiling, Spread
 
 SOCKET_BUFFER = 4 << 20
 
 
 def memcpy(size: int, repeats: int = 3, min_bytes: int = 256 << 20) -> Ceiling:
-    """np.copyto of `size` bytes, best of `repeats`; small sizes loop to at least `min_bytes`."""
+    """np.copyto of `size` bytes, `repeats` times; small sizes loop to at least `min_bytes`."""
     src = np.ones(size, dtype=np.uint8)
     dst = np.empty_like(src)
-    np.copyto(dst, src)                      # fault every page in before timing
+    np.copyto(dst, src)  # fault every page in before timing
     loops = max(1, min_bytes // size)
-    best = float("inf")
+    runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(loops):
             np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return Ceiling("memcpy", size, size * loops / best / 1e9)
+        runs.append(size * loops / (time.perf_counter() - t0) / 1e9)
+    return Ceiling("memcpy", size, Spread.of(runs))
 
 
 def _tune(sock: socket.socket) -> None:
@@ -53,12 +53,13 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def tcp_socket(size: int, repeats: int = 3, round_bytes: int = 256 << 20, request_reply: bool = False,
-               timeout: float = 60.0) -> Ceiling:
-    """Loopback TCP from a child process, best of `repeats` rounds of ~`round_bytes` each; with
+def tcp_socket(
+    size: int, repeats: int = 3, round_bytes: int = 256 << 20, request_reply: bool = False, timeout: float = 60.0
+) -> Ceiling:
+    """Loopback TCP from a child process, `repeats` rounds of ~`round_bytes` each; with
     `request_reply` each message is sent only once asked for."""
     per_round = max(2, round_bytes // size)
-    count = 1 + per_round * repeats         # one untimed message first: connection warm-up
+    count = 1 + per_round * repeats  # one untimed message first: connection warm-up
     mode = "serve" if request_reply else "send"
     request = b"get\0\0\0\0\0"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
@@ -66,8 +67,9 @@ def tcp_socket(size: int, repeats: int = 3, round_bytes: int = 256 << 20, reques
         listener.listen(1)
         listener.settimeout(timeout)
         port = listener.getsockname()[1]
-        child = subprocess.Popen([sys.executable, "-m", "kvstore.bench.ceilings", mode, str(port),
-                                  str(size), str(count)])
+        child = subprocess.Popen(
+            [sys.executable, "-m", "kvstore.bench.ceilings", mode, str(port), str(size), str(count)]
+        )
         try:
             conn, _ = listener.accept()
             with conn:
@@ -81,19 +83,19 @@ def tcp_socket(size: int, repeats: int = 3, round_bytes: int = 256 << 20, reques
                     _recv_exact(conn, view)
 
                 receive()
-                best = float("inf")
+                runs = []
                 for _ in range(repeats):
                     t0 = time.perf_counter()
                     for _ in range(per_round):
                         receive()
-                    best = min(best, time.perf_counter() - t0)
+                    runs.append(size * per_round / (time.perf_counter() - t0) / 1e9)
             child.wait(timeout=timeout)
         finally:
             if child.poll() is None:
                 child.kill()
                 child.wait()
     name = "tcp req/reply" if request_reply else "tcp socket"
-    return Ceiling(name, size, size * per_round / best / 1e9)
+    return Ceiling(name, size, Spread.of(runs))
 
 
 def _send(port: int, size: int, count: int, on_request: bool) -> None:

@@ -24,7 +24,7 @@ BLOCK_SIZE = 64 << 10
 BATCH = 1000
 SEGMENTS = 4
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-_MIX = 0x9E3779B97F4A7C15       # spreads checksums over 64 bits, like real xxh3 values
+_MIX = 0x9E3779B97F4A7C15  # spreads checksums over 64 bits, like real xxh3 values
 
 
 def rss_bytes() -> int:
@@ -45,8 +45,11 @@ def measure(blocks: int) -> MetaMemory:
     # Room for every block with the fill well under the eviction watermark.
     capacity = max(BLOCK_SIZE * 16, blocks * BLOCK_SIZE * 2 // SEGMENTS)
     for i in range(SEGMENTS):
-        store.mount_segment(SegmentInfo(f"bench-seg-{i}", f"bench-daemon-{i}", Tier.DRAM, capacity,
-                                        (Endpoint("tcp", f"127.0.0.1:{9000 + i}"),)))
+        store.mount_segment(
+            SegmentInfo(
+                f"bench-seg-{i}", f"bench-daemon-{i}", Tier.DRAM, capacity, (Endpoint("tcp", f"127.0.0.1:{9000 + i}"),)
+            )
+        )
     gc.collect()
     before = rss_bytes()
     t0 = time.perf_counter()
@@ -64,8 +67,9 @@ def measure(blocks: int) -> MetaMemory:
 
 
 def measure_in_subprocess(blocks: int, timeout: float = 600.0) -> MetaMemory:
-    out = subprocess.run([sys.executable, "-m", "kvstore.bench.metamem", str(blocks)], capture_output=True,
-                         text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvstore.bench.metamem", str(blocks)], capture_output=True, text=True, timeout=timeout
+    )
     if out.returncode != 0:
         raise RuntimeError(f"metadata memory measurement failed ({out.returncode}):\n{out.stderr[-4000:]}")
     return MetaMemory(**json.loads(out.stdout.strip().splitlines()[-1]))

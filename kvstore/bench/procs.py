@@ -28,8 +28,13 @@ class ServerProcess:
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.args = args
-        self.popen = subprocess.Popen([sys.executable, "-m", "kvstore.cli", *args], stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, env=env)
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "kvstore.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, name=f"bench-pump-{self.popen.pid}", daemon=True).start()
@@ -53,11 +58,13 @@ class ServerProcess:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 self.stop()
-                raise RuntimeError(f"kvstore {' '.join(self.args)} not ready within {timeout:.0f} s:\n"
-                                   + "".join(self.tail)) from None
+                raise RuntimeError(
+                    f"kvstore {' '.join(self.args)} not ready within {timeout:.0f} s:\n" + "".join(self.tail)
+                ) from None
             if line is None:
-                raise RuntimeError(f"kvstore {' '.join(self.args)} exited with {self.popen.wait()}:\n"
-                                   + "".join(self.tail))
+                raise RuntimeError(
+                    f"kvstore {' '.join(self.args)} exited with {self.popen.wait()}:\n" + "".join(self.tail)
+                )
             if m := READY.search(line):
                 return m.group(2)
 
@@ -75,23 +82,40 @@ class ServerProcess:
 class LocalStore:
     """A metadata service plus one daemon on this host; a context manager that stops both."""
 
-    def __init__(self, dram: int, segment_size: int, daemon_args: tuple[str, ...] = (),
-                 ready_timeout: float = 60.0, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        dram: int,
+        segment_size: int,
+        daemon_args: tuple[str, ...] = (),
+        ready_timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.dram = dram
         self.segment_size = segment_size
-        self.daemon_args = daemon_args         # more `kvstore daemon` flags, e.g. an SSD tier
+        self.daemon_args = daemon_args  # more `kvstore daemon` flags, e.g. an SSD tier
         self.ready_timeout = ready_timeout
-        self.env = env or {}                   # e.g. KVSTORE_META_* settings for this run
+        self.env = env or {}  # e.g. KVSTORE_META_* settings for this run
         self.meta_address = ""
         self.procs: list[ServerProcess] = []
 
-    def start(self) -> "LocalStore":
+    def start(self) -> LocalStore:
         env = dict(os.environ, KVSTORE_SECRET=random_secret(), PYTHONUNBUFFERED="1", **self.env)
         try:
             meta = self._spawn(["meta", "--port", "0"], env)
             self.meta_address = meta.wait_ready(self.ready_timeout)
-            daemon = self._spawn(["daemon", "--meta", self.meta_address, "--dram", str(self.dram),
-                                  "--segment-size", str(self.segment_size), *self.daemon_args], env)
+            daemon = self._spawn(
+                [
+                    "daemon",
+                    "--meta",
+                    self.meta_address,
+                    "--dram",
+                    str(self.dram),
+                    "--segment-size",
+                    str(self.segment_size),
+                    *self.daemon_args,
+                ],
+                env,
+            )
             daemon.wait_ready(self.ready_timeout)
         except BaseException:
             self.close()
@@ -104,11 +128,11 @@ class LocalStore:
         return proc
 
     def close(self) -> None:
-        for proc in reversed(self.procs):   # the daemon first, so it can unmount from the service
+        for proc in reversed(self.procs):  # the daemon first, so it can unmount from the service
             proc.stop()
         self.procs.clear()
 
-    def __enter__(self) -> "LocalStore":
+    def __enter__(self) -> LocalStore:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

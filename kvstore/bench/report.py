@@ -1,100 +1,203 @@
-"""The human-readable report, and the issue targets each result is judged against.
+"""The human-readable report of a bench run: every measurement as median (min-max) of its
+repetitions, each peer beside kvstore, and every target of targets.toml, met or not.
 
 A missed target is reported, never raised: the bench is a measurement, not a test.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from kvstore.bench import compare, targets
+from kvstore.bench.fmt import fmt_size, fmt_spread, fmt_value, table
+from kvstore.bench.results import Baseline, Results, Spread
 
-from kvstore.bench import compare
-from kvstore.bench.results import Results, TargetCheck
-
-MEMCPY_CEILING_SIZE = 256 << 20
-SHM_GET_OF_MEMCPY = 0.6          # shm get >= 0.6 x memcpy (256 MiB), for blocks >= 1 MiB
-TCP_GET_OF_SOCKET = 0.8          # tcp get >= 0.8 x raw loopback socket at the same block size
-MATCH_PREFIX_KEYS_PER_S = 150_000
-META_BYTES_PER_BLOCK = 300
-LARGE_BLOCK = 1 << 20
+_OP_NOTE = "get: the reading client's first read of each key; get-warm: the same keys read again"
 
 
-def fmt_size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
+def _reps(s: Spread) -> str:
+    return str(s.n)
 
 
-def fmt_rate(x: float) -> str:
-    if x >= 1e6:
-        return f"{x / 1e6:.2f} M"
-    if x >= 1e3:
-        return f"{x / 1e3:.1f} k"
-    return f"{x:.0f}"
+def _ceilings(results: Results) -> str:
+    rows = [[c.name, fmt_size(c.size), fmt_spread(c.gbps, "GB/s"), _reps(c.gbps)] for c in results.ceilings]
+    return "== ceilings (this run; median (min-max) of the repetitions) ==\n" + table(
+        ["what", "size", "GB/s", "reps"], rows
+    )
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
-    right = right or [False] + [True] * (len(headers) - 1)
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+def _throughput(results: Results) -> str:
+    rows = [
+        [
+            t.path,
+            t.op,
+            fmt_size(t.size),
+            t.mode,
+            str(t.batch),
+            fmt_spread(t.gbps, "GB/s"),
+            fmt_spread(t.ops_per_s, "ops/s"),
+            str(t.ops),
+            _reps(t.gbps),
+        ]
+        for t in results.throughput
+    ]
+    return f"== throughput (median (min-max) of `reps` repetitions, `keys` moved in each; {_OP_NOTE}) ==\n" + table(
+        ["path", "op", "size", "mode", "batch", "GB/s", "ops/s", "keys", "reps"], rows
+    )
 
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(str(c).rjust(w) if r else str(c).ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
 
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+def _latency(results: Results) -> str:
+    rows = [
+        [
+            lat.path,
+            lat.op,
+            fmt_size(lat.size),
+            fmt_spread(lat.p50_us, "us"),
+            fmt_spread(lat.p99_us, "us"),
+            str(lat.ops),
+            _reps(lat.p50_us),
+        ]
+        for lat in results.latency
+    ]
+    return f"== latency per call ({_OP_NOTE}) ==\n" + table(
+        ["path", "op", "size", "p50 us", "p99 us", "calls", "reps"], rows
+    )
 
 
-def targets(results: Results) -> list[TargetCheck]:
-    """Every issue target the results can be judged against (a missing ceiling skips its target)."""
-    checks: list[TargetCheck] = []
-    memcpy = results.ceiling("memcpy", MEMCPY_CEILING_SIZE)
-    for t in results.throughput:
-        if t.op != "get":
-            continue
-        if t.path == "shm" and t.size >= LARGE_BLOCK and memcpy:
-            checks.append(TargetCheck(f"shm get {fmt_size(t.size)} {t.mode}", t.gbps, "GB/s", memcpy.gbps,
-                                      f"{SHM_GET_OF_MEMCPY} x memcpy {fmt_size(memcpy.size)} {memcpy.gbps:.2f} GB/s",
-                                      SHM_GET_OF_MEMCPY))
-        sock = results.ceiling("tcp socket", t.size)
-        if t.path == "tcp" and sock:
-            checks.append(TargetCheck(f"tcp get {fmt_size(t.size)} {t.mode}", t.gbps, "GB/s", sock.gbps,
-                                      f"{TCP_GET_OF_SOCKET} x socket {fmt_size(t.size)} {sock.gbps:.2f} GB/s",
-                                      TCP_GET_OF_SOCKET))
-    for p in (p for p in results.prefix if p.path == compare.KVSTORE_PREFIX_PATH):
-        checks.append(TargetCheck(f"match_prefix {p.batch} keys", p.keys_per_s, "keys/s", MATCH_PREFIX_KEYS_PER_S,
-                                  f">= {fmt_rate(MATCH_PREFIX_KEYS_PER_S)} keys/s", 1.0))
-    for m in results.meta_memory:
-        checks.append(TargetCheck(f"metadata at {fmt_rate(m.blocks)} blocks", m.bytes_per_block, "B/block",
-                                  META_BYTES_PER_BLOCK, f"<= {META_BYTES_PER_BLOCK} B/block", 1.0,
-                                  higher_is_better=False))
-    return checks + compare.targets(results)
+def _cpu(results: Results) -> str:
+    rows = [[c.path, c.op, fmt_size(c.size), fmt_spread(c.us_per_op, "us"), c.processes] for c in results.server_cpu]
+    return "== server CPU per call (user + system, of the processes named) ==\n" + table(
+        ["path", "op", "size", "us/call", "processes"], rows, right=[False, False, True, True, False]
+    )
+
+
+def _prefix(results: Results) -> str:
+    rows = [
+        [
+            p.path,
+            str(p.batch),
+            str(p.calls),
+            fmt_spread(p.keys_per_s, "keys/s"),
+            f"{sorted(p.seconds)[len(p.seconds) // 2] / p.calls * 1e3:.2f}",
+        ]
+        for p in results.prefix
+    ]
+    return "== match_prefix (all keys present) ==\n" + table(["path", "batch", "calls", "keys/s", "ms/call"], rows)
+
+
+def _engine(results: Results) -> str:
+    rows = []
+    for e in results.engine:
+        ttft = (
+            f"{fmt_spread(e.ttft_load_s.scaled(1e3), 'us')} vs {fmt_spread(e.ttft_recompute_s.scaled(1e3), 'us')}"
+            if e.ttft_load_s is not None and e.ttft_recompute_s is not None
+            else "-"
+        )
+        rows.append(
+            [
+                e.what,
+                str(e.prompt_tokens),
+                f"{e.nbytes / 2**20:.1f}",
+                fmt_spread(e.load_gbps, "GB/s"),
+                fmt_spread(e.raw_gbps, "GB/s"),
+                ttft,
+            ]
+        )
+    return "== engine KV loads (the engine's own path vs raw get_many_into of the same bytes) ==\n" + table(
+        ["what", "tokens", "MiB", "load GB/s", "raw GB/s", "decode TTFT ms: load vs recompute"], rows
+    )
+
+
+def _meta_memory(results: Results) -> str:
+    rows = [
+        [str(m.blocks), f"{m.rss_growth / 2**20:.1f}", f"{m.bytes_per_block:.0f}", f"{m.seconds:.1f}"]
+        for m in results.meta_memory
+    ]
+    return "== metadata memory (MetaStore in a fresh process) ==\n" + table(
+        ["blocks", "RSS growth MiB", "B/block", "build s"], rows
+    )
+
+
+def render_peer(results: Results, base: Baseline) -> str:
+    """One peer beside kvstore: its numbers, each kvstore path's, and kvstore / peer."""
+    rows = compare.comparison(results, base)
+    paths = compare.kvstore_paths(results)
+    if any(r.what == "prefix match" for r in rows):
+        paths = [*paths, compare.KVSTORE_PREFIX_PATH]
+    headers = ["what", "size", "mode", "unit", base.path]
+    for path in paths:
+        headers += [path, "x"]
+    body = []
+    for r in rows:
+        cells = [r.what, fmt_size(r.size) if r.size else "-", r.mode, r.unit, fmt_value(r.baseline.median, r.unit)]
+        for path in paths:
+            value = r.values.get(path)
+            cells += ["-", "-"] if value is None else [fmt_value(value.median, r.unit), f"{r.ratios[path]:.2f}"]
+        body.append(cells)
+    return "\n".join(
+        [
+            f"{base.path} (medians; x = kvstore / {base.path}: > 1 kvstore moves more, < 1 for us kvstore is faster):",
+            table(headers, body, right=[False, True, False, False] + [True] * (len(headers) - 4)),
+        ]
+    )
+
+
+def render_comparison(results: Results) -> str:
+    lines = ["== kvstore vs peer stores (same run, same sizes, same loops) =="]
+    for b in results.baselines:
+        state = f"unavailable: {b.unavailable}" if b.unavailable else f"measured in {b.seconds:.0f} s"
+        lines.append(f"{b.name}: {state}\n  {b.setup}")
+    for base in compare.available(results):
+        lines.append(render_peer(results, base))
+    if results.ceilings:
+        by_name: dict[str, list[str]] = {}
+        for c in results.ceilings:
+            by_name.setdefault(c.name, []).append(f"{fmt_size(c.size)} {c.gbps.median:.2f}")
+        lines.append(
+            "ceilings (this run, medians): " + "; ".join(f"{n} {', '.join(v)} GB/s" for n, v in by_name.items())
+        )
+    return "\n".join(lines)
+
+
+def render_targets(results: Results) -> str:
+    checks, missing = targets.judge(results)
+    parts = []
+    if checks:
+        rows = [
+            [
+                c.name,
+                f"{fmt_spread(c.value, c.unit)} {c.unit}",
+                c.reference_text,
+                f"{'>=' if c.higher_is_better else '<='} {c.need:g}",
+                fmt_spread(c.ratio, "x"),
+                "met" if c.met else "NOT MET",
+            ]
+            for c in checks
+        ]
+        parts.append(
+            "== targets (ratio = value / reference median, per repetition: median (min-max); judged on the median) ==\n"
+            + table(
+                ["target", "value", "reference (this run)", "need", "ratio", "result"],
+                rows,
+                right=[False, True, False, True, True, False],
+            )
+        )
+    if missing:
+        parts.append("== targets not judged in this run ==\n" + "\n".join(f"{m.name}: {m.reason}" for m in missing))
+    return "\n\n".join(parts)
 
 
 def render(results: Results) -> str:
     parts: list[str] = []
-    if results.ceilings:
-        parts.append("== ceilings (this run) ==\n" + table(
-            ["what", "size", "GB/s"],
-            [[c.name, fmt_size(c.size), f"{c.gbps:.2f}"] for c in results.ceilings]))
-    if results.throughput:
-        parts.append("== throughput (fastest of `runs` runs; `keys` moved per run) ==\n" + table(
-            ["path", "op", "size", "mode", "batch", "GB/s", "ops/s", "keys", "runs"],
-            [[t.path, t.op, fmt_size(t.size), t.mode, str(t.batch), f"{t.gbps:.3f}", fmt_rate(t.ops_per_s),
-              str(t.ops), str(t.repeats)] for t in results.throughput]))
-    if results.latency:
-        parts.append("== latency ==\n" + table(
-            ["path", "op", "size", "p50 us", "p99 us", "calls"],
-            [[lat.path, lat.op, fmt_size(lat.size), f"{lat.p50_us:.0f}", f"{lat.p99_us:.0f}", str(lat.ops)]
-             for lat in results.latency]))
-    if results.prefix:
-        parts.append("== match_prefix (all keys present; fastest of `runs` runs) ==\n" + table(
-            ["path", "batch", "calls", "runs", "keys/s", "ms/call"],
-            [[p.path, str(p.batch), str(p.calls), str(p.repeats), fmt_rate(p.keys_per_s),
-              f"{p.seconds / p.calls * 1e3:.2f}"] for p in results.prefix]))
-    if results.meta_memory:
-        parts.append("== metadata memory (MetaStore in a fresh process) ==\n" + table(
-            ["blocks", "RSS growth MiB", "B/block", "build s"],
-            [[str(m.blocks), f"{m.rss_growth / 2**20:.1f}", f"{m.bytes_per_block:.0f}", f"{m.seconds:.1f}"]
-             for m in results.meta_memory]))
+    for present, section in (
+        (results.ceilings, _ceilings),
+        (results.throughput, _throughput),
+        (results.latency, _latency),
+        (results.server_cpu, _cpu),
+        (results.prefix, _prefix),
+        (results.engine, _engine),
+        (results.meta_memory, _meta_memory),
+    ):
+        if present:
+            parts.append(section(results))
     if results.baselines:
         parts.append(render_comparison(results))
     for tier_result in results.tiers:
@@ -103,63 +206,7 @@ def render(results: Results) -> str:
         parts.append(tiers.report(tier_result))
     if results.skipped:
         parts.append("== skipped ==\n" + "\n".join(f"{s.what}: {s.reason}" for s in results.skipped))
-    checks = targets(results)
-    if checks:
-        parts.append("== targets ==\n" + table(
-            ["target", "value", "ceiling/target", "ratio", "result"],
-            [[c.name, f"{c.value:.3g} {c.unit}" if c.value < 1e4 else f"{fmt_rate(c.value)} {c.unit}",
-              c.reference_text, f"{c.ratio:.2f}", "met" if c.met else "NOT MET"] for c in checks],
-            right=[False, True, False, True, False]))
+    judged = render_targets(results)
+    if judged:
+        parts.append(judged)
     return "\n\n".join(parts)
-
-
-def _value(x: float, unit: str) -> str:
-    if unit == "GB/s":
-        return f"{x:.3f}"
-    if unit == "us":
-        return f"{x:.0f}"
-    return fmt_rate(x)
-
-
-def _ceilings_line(results: Results) -> str:
-    by_name: dict[str, list[str]] = {}
-    for c in results.ceilings:
-        by_name.setdefault(c.name, []).append(f"{fmt_size(c.size)} {c.gbps:.2f}")
-    return "; ".join(f"{name} {', '.join(v)} GB/s" for name, v in by_name.items())
-
-
-def _ratio_cells(row: compare.ComparisonRow, path: str) -> list[str]:
-    if path not in row.values:
-        return ["-", "-"]
-    return [_value(row.values[path], row.unit), f"{row.ratios[path]:.2f}"]
-
-
-def render_comparison(results: Results) -> str:
-    """kvstore beside each baseline: absolute numbers, kvstore / baseline ratios, the ceilings."""
-    lines = ["== kvstore vs Mooncake Store (same run; x = kvstore / mooncake-store) =="]
-    for b in results.baselines:
-        state = f"unavailable: {b.unavailable}" if b.unavailable else f"measured in {b.seconds:.0f} s"
-        lines.append(f"{b.name}: {state}\n  {b.setup}")
-    base = compare.baseline(results)
-    if base is not None:
-        rows = compare.comparison(results)
-        paths = compare.kvstore_paths(results, base)
-        headers = ["what", "size", "mode", "unit", base.path]
-        for path in paths:
-            headers += [path, "x"]
-        body = [[r.what, fmt_size(r.size), r.mode, r.unit, _value(r.baseline, r.unit)]
-                + [cell for path in paths for cell in _ratio_cells(r, path)]
-                for r in rows if r.what != "prefix match"]
-        lines.append(f"{base.path} calls: put_from, get_into, batch_put_from, batch_get_into (buffers registered), "
-                     "is_exist (exists), batch_is_exist (match_prefix: the leading keys present)")
-        lines.append("throughput (> 1 x: kvstore faster) and latency (< 1 x: kvstore faster), kvstore per transport:")
-        lines.append(table(headers, body, right=[False, True, False, False] + [True] * (len(headers) - 4)))
-        kv = compare.KVSTORE_PREFIX_PATH
-        prefix = [[r.mode, fmt_rate(r.baseline), *_ratio_cells(r, kv)] for r in rows if r.what == "prefix match"]
-        if prefix:
-            lines.append(f"batched existence, all keys present: {kv} match_prefix vs {base.path} batch_is_exist:")
-            lines.append(table(["batch", f"{base.path} keys/s", f"{kv} keys/s", "x"], prefix))
-    if results.ceilings:
-        lines.append(f"ceilings (this run): {_ceilings_line(results)}")
-    lines += [f"not judged: {note}" for note in compare.unjudged(results)]
-    return "\n".join(lines)

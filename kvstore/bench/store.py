@@ -1,18 +1,24 @@
-"""Put and get throughput through the client, one key per call and batched.
+"""Put and get throughput through a client, one key per call and batched.
 
-Every timed put writes keys no earlier round wrote, and every get reads into preallocated numpy
-buffers (get_into / get_many_into: the zero-copy path). Each phase's keys are removed (force) once
-it is measured, so the store holds at most one phase's bytes.
+Every timed put writes keys no earlier round wrote, each from its own source bytes (a distinct
+slice of one random pool, so no value is served from the cache a previous put warmed), and every
+get reads into preallocated numpy buffers (get_into / get_many_into: the zero-copy path). Gets
+come from a *reader*, another client than the writer: "get" is its first read of each key, and
+"get-warm" the same keys read again. Each phase's keys are removed (force) once it is measured,
+so the store holds at most one phase's bytes. Every phase runs `plan.repeats` times; all of
+them are kept.
 
-The functions here drive any `KVTarget`, so another store (e.g. for a later `--compare`) can be
-measured by the same code through an adapter.
+The functions here drive any `KVTarget`, so other stores (`--compare`) are measured by the same
+code through an adapter.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,7 +28,7 @@ REMOVE_CHUNK = 4096
 
 
 class KVTarget(Protocol):
-    """The client calls a bench drives; KVClient has them all."""
+    """The client calls a bench drives."""
 
     def put(self, key: str, value: Any) -> bool: ...
     def put_many(self, keys: Sequence[str], values: Sequence[Any]) -> list[bool]: ...
@@ -31,6 +37,10 @@ class KVTarget(Protocol):
     def exists(self, key: str) -> bool: ...
     def match_prefix(self, keys: Sequence[str]) -> int: ...
     def remove_many(self, keys: Sequence[str], force: bool = False) -> list[Any]: ...
+
+    def prepare(self, arrays: Sequence[np.ndarray]) -> None:
+        """The memory later calls pass views of (a store that registers buffers does it here,
+        untimed)."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +51,10 @@ class ThroughputPlan:
     max_single_ops: int = 300
     max_rounds: int = 32
     min_ops: int = 3
-    max_batch_keys: int = 256
+    max_batch_keys: int = 32
     max_batch_bytes: int = 32 << 20
     time_cap_s: float = 3.0
-    repeats: int = 3                  # each phase is measured this many times; the best is kept,
-                                      # as for the ceilings it is compared with
+    repeats: int = 3  # every phase is measured this many times, and all are reported
 
     def single_ops(self, size: int) -> int:
         return max(self.min_ops, min(self.max_single_ops, self.phase_bytes // size))
@@ -55,6 +64,25 @@ class ThroughputPlan:
 
     def rounds(self, size: int) -> int:
         return max(self.min_ops, min(self.max_rounds, self.phase_bytes // (self.batch(size) * size)))
+
+    def pool_bytes(self, sizes: Sequence[int]) -> int:
+        """Source bytes for every key of the largest phase (each key its own)."""
+        return max(max(self.single_ops(s), self.rounds(s) * self.batch(s)) * s for s in sizes)
+
+
+class SourcePool:
+    """Random bytes that puts take their values from: value(i, size) is the i-th `size`-byte
+    slice, so the keys of one phase never share source bytes."""
+
+    def __init__(self, nbytes: int, seed: int = 0) -> None:
+        words = np.random.default_rng(seed).bit_generator.random_raw(-(-nbytes // 8))
+        self.array = np.asarray(words, dtype=np.uint64).view(np.uint8)[:nbytes]
+
+    def value(self, i: int, size: int) -> np.ndarray:
+        start = i * size
+        if start + size > len(self.array):
+            raise ValueError(f"source pool of {len(self.array)} bytes has no slice {i} of {size} bytes")
+        return self.array[start : start + size]
 
 
 def _timed(calls: Sequence[Callable[[], Any]], min_calls: int, time_cap_s: float) -> tuple[int, float]:
@@ -72,57 +100,99 @@ def _timed(calls: Sequence[Callable[[], Any]], min_calls: int, time_cap_s: float
 
 def remove_all(target: KVTarget, keys: Sequence[str]) -> None:
     for i in range(0, len(keys), REMOVE_CHUNK):
-        target.remove_many(keys[i:i + REMOVE_CHUNK], force=True)
+        target.remove_many(keys[i : i + REMOVE_CHUNK], force=True)
 
 
-def _check(dst: np.ndarray, value: np.ndarray, key: str) -> None:
-    if not np.array_equal(dst, value):
-        raise AssertionError(f"bench read back wrong bytes for {key!r}")
+def _verify(reader: KVTarget, keys: Sequence[str], values: Sequence[np.ndarray]) -> None:
+    """Read the first, a middle and the last key once more and compare with what was put."""
+    check = np.empty_like(values[0])
+    for i in sorted({0, len(keys) // 2, len(keys) - 1}):
+        n = reader.get_into(keys[i], check)
+        if n != len(values[i]) or not np.array_equal(check[:n], values[i]):
+            raise AssertionError(f"bench read back wrong bytes for {keys[i]!r}")
 
 
-def best_of(repeats: int, measure: Callable[[int], list[Throughput]]) -> list[Throughput]:
-    """measure(repeat) `repeats` times; per result position, the fastest run."""
-    runs = [measure(r) for r in range(repeats)]
-    return [replace(max(same, key=lambda t: t.ops_per_s), repeats=repeats) for same in zip(*runs)]
+class _Runs:
+    """(keys, seconds) per op over the repetitions of one measurement."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, list[tuple[int, float]]] = {}
+
+    def add(self, op: str, keys: int, seconds: float) -> None:
+        self.runs.setdefault(op, []).append((keys, seconds))
+
+    def results(self, path: str, size: int, batch: int) -> list[Throughput]:
+        out = []
+        for op, runs in self.runs.items():
+            # A time cap may cut a repetition short: keep each one's rate, at its own key count.
+            per_key = [s / k for k, s in runs]
+            keys = min(k for k, _ in runs)
+            out.append(Throughput(path, op, size, batch, keys, tuple(t * keys for t in per_key)))
+        return out
 
 
-def measure_single(target: KVTarget, path: str, size: int, plan: ThroughputPlan, prefix: str) -> list[Throughput]:
-    """put() then get_into() of distinct keys, one key per call."""
-    value = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
-    dst = np.empty_like(value)
-    keys = [f"{prefix}/single/{i}" for i in range(plan.single_ops(size))]
-    warm = f"{prefix}/single/warmup"
-    target.put(warm, value)                 # connect, map the segment, fault pages in
-    target.get_into(warm, dst)
-    try:
-        n_put, t_put = _timed([lambda k=k: target.put(k, value) for k in keys], plan.min_ops, plan.time_cap_s)
-        written = keys[:n_put]
-        n_get, t_get = _timed([lambda k=k: target.get_into(k, dst) for k in written], plan.min_ops,
-                              plan.time_cap_s)
-        _check(dst, value, written[n_get - 1])
-    finally:
-        remove_all(target, [warm, *keys])
-    return [Throughput(path, "put", size, 1, n_put, t_put), Throughput(path, "get", size, 1, n_get, t_get)]
+def measure_single(
+    writer: KVTarget, reader: KVTarget, path: str, size: int, plan: ThroughputPlan, prefix: str, pool: SourcePool
+) -> list[Throughput]:
+    """put() then get_into() of distinct keys, one key per call: first reads, then again."""
+    dst = np.empty(size, dtype=np.uint8)
+    runs = _Runs()
+    n = plan.single_ops(size)
+    values = [pool.value(i, size) for i in range(n)]
+    writer.prepare([pool.array])
+    reader.prepare([dst])
+    for r in range(plan.repeats):
+        keys = [f"{prefix}/{r}/single/{i}" for i in range(n)]
+        warm = f"{prefix}/{r}/single/warmup"
+        writer.put(warm, values[-1])  # connect, map the segment
+        reader.get_into(warm, dst)
+        try:
+            n_put, t_put = _timed(
+                [partial(writer.put, k, v) for k, v in zip(keys, values)], plan.min_ops, plan.time_cap_s
+            )
+            written = keys[:n_put]
+            n_get, t_get = _timed([partial(reader.get_into, k, dst) for k in written], n_put, plan.time_cap_s)
+            n_warm, t_warm = _timed([partial(reader.get_into, k, dst) for k in written], n_put, plan.time_cap_s)
+            _verify(reader, written, values)
+        finally:
+            remove_all(writer, [warm, *keys])
+        runs.add("put", n_put, t_put)
+        runs.add("get", n_get, t_get)
+        runs.add("get-warm", n_warm, t_warm)
+    return runs.results(path, size, 1)
 
 
-def measure_batched(target: KVTarget, path: str, size: int, plan: ThroughputPlan, prefix: str) -> list[Throughput]:
-    """put_many() then get_many_into() of distinct keys, `plan.batch(size)` keys per call."""
+def measure_batched(
+    writer: KVTarget, reader: KVTarget, path: str, size: int, plan: ThroughputPlan, prefix: str, pool: SourcePool
+) -> list[Throughput]:
+    """put_many() then get_many_into() of distinct keys, `plan.batch(size)` keys per call: first
+    reads, then again."""
     batch = plan.batch(size)
-    value = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
-    values = [value] * batch
-    dsts = [np.empty_like(value) for _ in range(batch)]
-    batches = [[f"{prefix}/batch/{r}/{i}" for i in range(batch)] for r in range(plan.rounds(size))]
-    warm = [f"{prefix}/batch/warmup/{i}" for i in range(batch)]
-    target.put_many(warm, values)
-    target.get_many_into(warm, dsts)
-    try:
-        n_put, t_put = _timed([lambda b=b: target.put_many(b, values) for b in batches], plan.min_ops,
-                              plan.time_cap_s)
-        written = batches[:n_put]
-        n_get, t_get = _timed([lambda b=b: target.get_many_into(b, dsts) for b in written], plan.min_ops,
-                              plan.time_cap_s)
-        _check(dsts[-1], value, written[n_get - 1][-1])
-    finally:
-        remove_all(target, [k for b in (warm, *batches) for k in b])
-    return [Throughput(path, "put", size, batch, n_put * batch, t_put),
-            Throughput(path, "get", size, batch, n_get * batch, t_get)]
+    rounds = plan.rounds(size)
+    values = [[pool.value(r * batch + i, size) for i in range(batch)] for r in range(rounds)]
+    dsts = [np.empty(size, dtype=np.uint8) for _ in range(batch)]
+    writer.prepare([pool.array])
+    reader.prepare(dsts)
+    runs = _Runs()
+    for rep in range(plan.repeats):
+        batches = [[f"{prefix}/{rep}/batch/{r}/{i}" for i in range(batch)] for r in range(rounds)]
+        warm = [f"{prefix}/{rep}/batch/warmup/{i}" for i in range(batch)]
+        writer.put_many(warm, values[-1])
+        reader.get_many_into(warm, dsts)
+        try:
+            n_put, t_put = _timed(
+                [partial(writer.put_many, b, v) for b, v in zip(batches, values)],
+                plan.min_ops,
+                plan.time_cap_s,
+            )
+            written = batches[:n_put]
+            reads = [partial(reader.get_many_into, b, dsts) for b in written]
+            n_get, t_get = _timed(reads, n_put, plan.time_cap_s)
+            n_warm, t_warm = _timed(reads, n_put, plan.time_cap_s)
+            _verify(reader, [k for b in written for k in b], [v for vs in values[:n_put] for v in vs])
+        finally:
+            remove_all(writer, [k for b in (warm, *batches) for k in b])
+        runs.add("put", n_put * batch, t_put)
+        runs.add("get", n_get * batch, t_get)
+        runs.add("get-warm", n_warm * batch, t_warm)
+    return runs.results(path, size, batch)

@@ -11,19 +11,24 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from kvstore.bench.disk import DiskCeiling, raw_disk_ceiling
 from kvstore.bench.procs import LocalStore
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
-from kvstore.storage.ssd import DiskCeiling, raw_disk_ceiling
 
 # Every unleased block is past the high watermark the moment it lands; none is promoted back.
-_DEMOTE_ALL = {"KVSTORE_META_HIGH_WATERMARK": "1e-12", "KVSTORE_META_LOW_WATERMARK": "1e-13",
-               "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000000", "KVSTORE_META_TICK_INTERVAL_S": "0.05"}
+_DEMOTE_ALL = {
+    "KVSTORE_META_HIGH_WATERMARK": "1e-12",
+    "KVSTORE_META_LOW_WATERMARK": "1e-13",
+    "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000000",
+    "KVSTORE_META_TICK_INTERVAL_S": "0.05",
+}
 
 
 @dataclass(frozen=True)
@@ -32,24 +37,34 @@ class TierResult:
     block: int
     blocks: int
     demote_gbps: float
-    read_gbps: dict[str, float]          # transport -> cold SSD read GB/s
+    read_gbps: dict[str, float]  # transport -> cold SSD read GB/s
 
     def comparisons(self) -> list[tuple[str, float, str, float]]:
         """(what, GB/s, against, ratio) for the report."""
         rows = []
         for name, ceiling in (("O_DIRECT", self.disk.direct_write_gbps), ("buffered", self.disk.buffered_write_gbps)):
             if ceiling:
-                rows.append(("demotion (SSD write)", self.demote_gbps, f"raw {name} write {ceiling:.2f} GB/s",
-                             self.demote_gbps / ceiling))
+                rows.append(
+                    (
+                        "demotion (SSD write)",
+                        self.demote_gbps,
+                        f"raw {name} write {ceiling:.2f} GB/s",
+                        self.demote_gbps / ceiling,
+                    )
+                )
         same_file = self.read_gbps.get("raw file")
         for transport, gbps in self.read_gbps.items():
             if transport == "raw file":
                 continue
-            for name, ceiling in (("O_DIRECT", self.disk.direct_read_gbps), ("buffered", self.disk.buffered_read_gbps),
-                                  ("same-file", same_file)):
+            for name, ceiling in (
+                ("O_DIRECT", self.disk.direct_read_gbps),
+                ("buffered", self.disk.buffered_read_gbps),
+                ("same-file", same_file),
+            ):
                 if ceiling:
-                    rows.append((f"SSD read via {transport}", gbps, f"raw {name} read {ceiling:.2f} GB/s",
-                                 gbps / ceiling))
+                    rows.append(
+                        (f"SSD read via {transport}", gbps, f"raw {name} read {ceiling:.2f} GB/s", gbps / ceiling)
+                    )
         return rows
 
 
@@ -73,8 +88,8 @@ def _tier_read(meta_address: str, transport: str, keys: list[str], out: list[np.
         _drop_cache(ssd_dir)
         started = time.perf_counter()
         for start in range(0, len(keys), len(out)):
-            batch = keys[start:start + len(out)]
-            reader.get_many_into(batch, out[:len(batch)])
+            batch = keys[start : start + len(out)]
+            reader.get_many_into(batch, out[: len(batch)])
         return sum(o.nbytes for o in out) * len(keys) / len(out) / (time.perf_counter() - started) / 1e9
 
 
@@ -90,7 +105,7 @@ def _raw_file_read(ssd_dir: Path, total: int, buf: np.ndarray) -> float:
             for offset in range(0, size, len(buf)):
                 if done >= total:
                     break
-                done += os.preadv(fd, [buf], offset)
+                done += os.preadv(fd, [buf.data], offset)
         finally:
             os.close(fd)
     return done / (time.perf_counter() - started) / 1e9
@@ -112,8 +127,9 @@ def _put_and_demote(client: KVClient, keys: list[str], data: np.ndarray) -> floa
     return time.perf_counter() - started
 
 
-def measure_tiers(directory: str | None, total: int, block: int, transports: tuple[str, ...],
-                  progress=print) -> TierResult:
+def measure_tiers(
+    directory: str | None, total: int, block: int, transports: tuple[str, ...], progress: Callable[[str], None] = print
+) -> TierResult:
     """Demote `total` bytes in blocks of `block` to SSD in `directory`, then read them back cold."""
     with tempfile.TemporaryDirectory(dir=directory, prefix="kvstore-bench-tiers-") as tmp:
         ssd_dir = Path(tmp) / "ssd"
@@ -146,14 +162,16 @@ def measure_tiers(directory: str | None, total: int, block: int, transports: tup
 
 def report(result: TierResult) -> str:
     d = result.disk
-    lines = ["== SSD tier (demotion and cold reads, against the raw disk in this run) ==",
-             f"raw disk, {d.size >> 20} MiB: write O_DIRECT {_fmt(d.direct_write_gbps)} / buffered "
-             f"{_fmt(d.buffered_write_gbps)} GB/s; cold read O_DIRECT {_fmt(d.direct_read_gbps)} / buffered "
-             f"{_fmt(d.buffered_read_gbps)} GB/s",
-             f"{result.blocks} blocks of {result.block >> 20} MiB",
-             f"{'what':<22} {'GB/s':>6}  {'against':<32} {'ratio':>5}  target 0.7"]
+    lines = [
+        "== SSD tier (demotion and cold reads, against the raw disk in this run) ==",
+        f"raw disk, {d.size >> 20} MiB: write O_DIRECT {_fmt(d.direct_write_gbps)} / buffered "
+        f"{_fmt(d.buffered_write_gbps)} GB/s; cold read O_DIRECT {_fmt(d.direct_read_gbps)} / buffered "
+        f"{_fmt(d.buffered_read_gbps)} GB/s",
+        f"{result.blocks} blocks of {result.block >> 20} MiB",
+        f"{'what':<22} {'GB/s':>6}  {'against':<32} {'ratio':>5}  (judged in == targets ==)",
+    ]
     for what, gbps, against, ratio in result.comparisons():
-        lines.append(f"{what:<22} {gbps:>6.2f}  {against:<32} {ratio:>5.2f}  {'met' if ratio >= 0.7 else 'NOT MET'}")
+        lines.append(f"{what:<22} {gbps:>6.2f}  {against:<32} {ratio:>5.2f}")
     return "\n".join(lines)
 
 

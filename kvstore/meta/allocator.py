@@ -7,7 +7,7 @@ finding a block that fits is O(1): any block of a higher class is large enough).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class OffsetAllocator:
@@ -17,10 +17,10 @@ class OffsetAllocator:
         self.capacity = capacity - capacity % alignment
         self.alignment = alignment
         self.used = 0
-        self._free_at: dict[int, int] = {}     # offset -> size
-        self._free_end: dict[int, int] = {}    # offset + size -> offset
+        self._free_at: dict[int, int] = {}  # offset -> size
+        self._free_end: dict[int, int] = {}  # offset + size -> offset
         self._classes: list[set[int]] = [set() for _ in range(65)]
-        self._nonempty = 0                     # bit k set <=> _classes[k] non-empty
+        self._nonempty = 0  # bit k set <=> _classes[k] non-empty
         if self.capacity:
             self._insert(0, self.capacity)
 
@@ -88,7 +88,7 @@ class OffsetAllocator:
         if higher:
             k = cls + 1 + ((higher & -higher).bit_length() - 1)
             return next(iter(self._classes[k]))
-        for offset in self._classes[cls]:          # same class: sizes vary, check each
+        for offset in self._classes[cls]:  # same class: sizes vary, check each
             if self._free_at[offset] >= need:
                 return offset
         return None
@@ -128,8 +128,10 @@ class OffsetAllocator:
         assert free_total + self.used == self.capacity, (free_total, self.used, self.capacity)
         if allocated is None:
             return
-        spans = sorted([(o, self.aligned(max(s, 1)), "used") for o, s in allocated]
-                       + [(o, s, "free") for o, s in self._free_at.items()])
+        spans = sorted(
+            [(o, self.aligned(max(s, 1)), "used") for o, s in allocated]
+            + [(o, s, "free") for o, s in self._free_at.items()]
+        )
         end = 0
         for offset, size, kind in spans:
             assert offset >= end, f"{kind} block at {offset} overlaps the block before it"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from kvstore.meta.index import ObjectIndex
 
@@ -10,7 +11,9 @@ from kvstore.meta.index import ObjectIndex
 class EvictionPolicy(Protocol):
     def victims(self, index: ObjectIndex, protected: Callable[[str], bool], bytes_needed: int) -> list[str]:
         """Keys whose removal frees at least `bytes_needed` (fewer if not enough is evictable),
-        never one for which protected(key) is true. Does not modify the index."""
+        never one for which protected(key) is true. Does not modify the index. `protected` is
+        asked of candidates in the order they are considered, and every candidate it spares not
+        is taken (kvstore.meta.quotas counts what it lets through)."""
 
 
 class LRUEviction:

@@ -1,43 +1,67 @@
 """The metadata service's fast lane server (see kvstore/fastrpc.py for the framing).
 
-Every frame is handed to the same MetaServicer methods that gRPC calls, so both lanes share one
-translation layer and one set of errors."""
+Every frame is handed to the same MetaHandlers that gRPC calls, so both lanes share one
+translation layer and one set of errors. A connection authenticates once, with the token in its
+HELLO; a token that is missing or unknown, or revoked later, gets an error frame and the
+connection closed. With a TLS context, a connection speaks TLS from its first byte."""
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 
-import grpc
-
-from kvstore import fastrpc
-from kvstore.meta.service import MetaServicer
+from kvstore import __version__, fastrpc, wire
+from kvstore.connlimit import Admission, Limits, peer_host
+from kvstore.errors import InvalidArgument, KVStoreError, Unauthenticated, Unavailable
+from kvstore.meta.auth import Authenticator, Principal
+from kvstore.meta.handlers import MetaHandlers
+from kvstore.v1 import meta_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
+def _known_method(fields: tuple[int, ...]) -> bool:
+    return fields[1] in fastrpc.METHODS
 
 
-class _FrameContext:
-    """The part of grpc.ServicerContext the servicer uses."""
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise _Abort(code, details)
+def _is_hello(fields: tuple[int, ...]) -> bool:
+    return fields[1] == fastrpc.HELLO
 
 
-def _known_method(fields: tuple[int, int]) -> bool:
-    return fields[1] < len(fastrpc.METHODS)
+def _refuse(conn: socket.socket, why: str) -> None:
+    """Tell a connection over the caps why (an error frame), and close it, never blocking."""
+    try:
+        conn.setblocking(False)
+        conn.send(_error_frame(Unavailable(f"metadata fast lane: {why}")))
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def _error_frame(err: KVStoreError) -> bytes:
+    return fastrpc.response_frame(wire.error_to_pb(err).SerializeToString(), int(err.code))
 
 
 class FastLaneServer:
-    def __init__(self, servicer: MetaServicer, host: str, port: int = 0) -> None:
-        self._servicer = servicer
+    """An accept thread and a thread per connection, under connection caps; a connection idle
+    past its timeout, or whose frame dawdles past the header timeout, is closed."""
+
+    def __init__(
+        self,
+        handlers: MetaHandlers,
+        auth: Authenticator,
+        host: str,
+        port: int = 0,
+        limits: Limits | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self._handlers = handlers
+        self._auth = auth
+        self._tls = tls
+        self._admission = Admission(limits or Limits())
         self._listener = socket.create_server((host, port), reuse_port=False)
         self.port = self._listener.getsockname()[1]
         self._conns: set[socket.socket] = set()
@@ -45,65 +69,134 @@ class FastLaneServer:
         self._stopped = False
         self._thread = threading.Thread(target=self._accept_loop, name="meta-fastlane", daemon=True)
 
-    def start(self) -> "FastLaneServer":
+    def start(self) -> FastLaneServer:
         self._thread.start()
         return self
 
     def _accept_loop(self) -> None:
         while True:
             try:
-                conn, _ = self._listener.accept()
+                conn, address = self._listener.accept()
             except OSError:
-                return                                   # listener closed: stopping
+                return  # listener closed: stopping
+            peer = peer_host(address)
+            refusal = self._admission.admit(peer)
+            if refusal:
+                _refuse(conn, refusal)
+                continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(self._admission.limits.idle_timeout_s)
             with self._lock:
                 if self._stopped:
                     conn.close()
+                    self._admission.release(peer)
                     return
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="meta-fastlane-conn", daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, peer), name="meta-fastlane-conn", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        context = _FrameContext()
+    @property
+    def connections(self) -> int:
+        return self._admission.open
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        raw = conn
         try:
-            while True:
-                try:
-                    (_, index), payload = fastrpc.recv_frame(conn, fastrpc.REQUEST, _known_method)
-                except fastrpc.BadFrame as exc:
-                    length, index = exc.fields
-                    self._reply_error(conn, grpc.StatusCode.INVALID_ARGUMENT,
-                                      f"bad frame (method {index}, {length} bytes): closing")
-                    return
-                method = fastrpc.METHODS[index]
-                try:
-                    request = method.request.FromString(payload)
-                    response = getattr(self._servicer, method.name)(request, context)
-                except _Abort as exc:
-                    self._reply_error(conn, exc.code, exc.details)
-                    continue
-                except Exception as exc:  # noqa: BLE001 - a malformed message must not kill the lane
-                    self._reply_error(conn, grpc.StatusCode.INVALID_ARGUMENT, f"cannot decode {method.name}: {exc}")
-                    continue
-                body = response.SerializeToString()
-                fastrpc.send_frame(conn, fastrpc.RESPONSE.pack(len(body), fastrpc.OK), body)
+            if self._tls is not None:
+                conn = self._secure(conn)
+            who = self._greet(conn)
+            while who is not None and self._serve_one(conn, who):
+                pass
         except (EOFError, OSError):
-            pass
+            pass  # gone, idle past the timeout, a frame that dawdled, or a failed TLS handshake
         finally:
             with self._lock:
+                self._conns.discard(raw)
                 self._conns.discard(conn)
             conn.close()
+            self._admission.release(peer)
 
-    @staticmethod
-    def _reply_error(conn: socket.socket, code: grpc.StatusCode, details: str) -> None:
-        text = details.encode("utf-8", "replace")[:65536]
-        fastrpc.send_frame(conn, fastrpc.RESPONSE.pack(len(text), code.value[0]), text)
+    def _secure(self, conn: socket.socket) -> ssl.SSLSocket:
+        """The TLS handshake, within the header timeout (OSError if it fails)."""
+        assert self._tls is not None
+        wrapped = self._tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        with self._lock:
+            self._conns.discard(conn)
+            self._conns.add(wrapped)
+        wrapped.settimeout(self._admission.limits.header_timeout_s)
+        wrapped.do_handshake()
+        wrapped.settimeout(self._admission.limits.idle_timeout_s)
+        return wrapped
+
+    def _greet(self, conn: socket.socket) -> Principal | None:
+        """Take the client's HELLO; answer WELCOME, or an error (and close: None) for another
+        protocol or a token the service does not accept."""
+        try:
+            _, payload = fastrpc.recv_frame(
+                conn, fastrpc.REQUEST, _is_hello, max_frame=4096, rest_timeout=self._admission.limits.header_timeout_s
+            )
+            hello = pb.FastLaneHello.FromString(payload)
+        except fastrpc.BadFrame:
+            conn.sendall(_error_frame(InvalidArgument("the fast lane opens with a HELLO frame: closing")))
+            return None
+        except (EOFError, OSError):
+            raise
+        except Exception:  # noqa: BLE001 - an undecodable hello: refuse it
+            conn.sendall(_error_frame(InvalidArgument("undecodable fast-lane HELLO: closing")))
+            return None
+        if hello.protocol != fastrpc.PROTOCOL:
+            refusal = InvalidArgument(
+                f"fast lane protocol {hello.protocol} is not this service's ({fastrpc.PROTOCOL}, kvstore "
+                f"{__version__}); use gRPC"
+            )
+            conn.sendall(_error_frame(refusal))
+            return None
+        try:
+            who = self._auth.principal(hello.token)
+        except Unauthenticated as exc:
+            conn.sendall(_error_frame(exc))
+            return None
+        welcome = pb.FastLaneWelcome(protocol=fastrpc.PROTOCOL, server_version=__version__)
+        conn.sendall(fastrpc.response_frame(welcome.SerializeToString()))
+        return who
+
+    def _serve_one(self, conn: socket.socket, who: Principal) -> bool:
+        """Answer one call; False when the connection must close."""
+        try:
+            (length, method_id), payload = fastrpc.recv_frame(
+                conn, fastrpc.REQUEST, _known_method, rest_timeout=self._admission.limits.header_timeout_s
+            )
+        except fastrpc.BadFrame as exc:
+            length, method_id = exc.fields
+            conn.sendall(_error_frame(InvalidArgument(f"bad frame (method {method_id}, {length} bytes): closing")))
+            return False
+        method = fastrpc.METHODS[method_id]
+        if not self._auth.still_valid(who):
+            conn.sendall(_error_frame(Unauthenticated("this connection's token was revoked: closing")))
+            return False
+        try:
+            request = method.request.FromString(payload)
+        except Exception as exc:  # noqa: BLE001 - a malformed message must not kill the lane
+            conn.sendall(_error_frame(InvalidArgument(f"cannot decode {method.name}: {exc}")))
+            return True
+        try:
+            response = self._handlers.handler(method.name)(request, who)
+        except KVStoreError as exc:
+            conn.sendall(_error_frame(exc))
+            return True
+        except Exception as exc:
+            log.exception("internal error in %s", method.name)
+            conn.sendall(_error_frame(KVStoreError(f"internal error in {method.name}: {exc}")))
+            return True
+        body = response.SerializeToString()
+        fastrpc.send_frame(conn, fastrpc.RESPONSE.pack(len(body), fastrpc.OK), body)
+        return True
 
     def stop(self) -> None:
         with self._lock:
             self._stopped = True
             conns = list(self._conns)
         try:
-            self._listener.shutdown(socket.SHUT_RDWR)   # wakes the accept(); close() alone does not
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept(); close() alone does not
         except OSError:
             pass
         self._listener.close()

@@ -13,12 +13,13 @@ entry is a three-slot object and a replica location is one packed int (see segme
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterator
 
 from kvstore.errors import AlreadyExists, KeyBusy, KeyNotFound
-
+from kvstore.meta.tenants import tenant_of
 
 _MAX_SHARED_SIZES = 4096
 
@@ -32,7 +33,7 @@ class ObjectState(Enum):
 class Entry:
     """A COMPLETE object. `locations` is one packed location, or a tuple of them for replicas."""
 
-    __slots__ = ("locations", "size", "checksum")
+    __slots__ = ("checksum", "locations", "size")
 
     def __init__(self, locations: int | tuple[int, ...], size: int, checksum: int) -> None:
         self.locations = locations
@@ -52,7 +53,10 @@ def _pack(locations: tuple[int, ...]) -> int | tuple[int, ...]:
 class PendingPut:
     locations: tuple[int, ...]
     size: int
-    deadline: float        # the put lease: after this the put may be revoked
+    deadline: float  # the put lease: after this the put may be revoked
+    grant_until_ms: int = 0  # its write grants' expiry
+    checked: int = 0  # bit i: replica i's grant is daemon-checked (not LOCAL)
+    wanted: int = 1  # replicas the put asked for
 
 
 class ObjectIndex:
@@ -60,6 +64,10 @@ class ObjectIndex:
         self._complete: dict[str, Entry] = {}
         self._pending: dict[str, PendingPut] = {}
         self._sizes: dict[int, int] = {}
+        # Per tenant other than the default (whose keys carry no namespace): COMPLETE keys, and
+        # bytes PENDING puts hold (size x replicas), for quotas and a tenant's view of the stats.
+        self.tenant_keys: Counter[int] = Counter()
+        self.tenant_pending: Counter[int] = Counter()
 
     def __len__(self) -> int:
         return len(self._complete)
@@ -84,23 +92,28 @@ class ObjectIndex:
     def is_complete(self, key: str) -> bool:
         return key in self._complete
 
-    def begin_put(self, key: str, size: int, locations: tuple[int, ...], deadline: float) -> None:
-        """ABSENT -> PENDING."""
+    def begin_put(self, key: str, size: int, locations: tuple[int, ...], deadline: float, **grants: int) -> PendingPut:
+        """ABSENT -> PENDING; `grants`: the PendingPut's grant fields."""
         if key in self._complete:
             raise AlreadyExists(key)
         if key in self._pending:
             raise KeyBusy(key)
         if len(self._sizes) < _MAX_SHARED_SIZES:
-            size = self._sizes.setdefault(size, size)   # KV blocks share a few sizes: one int each
-        self._pending[key] = PendingPut(locations, size, deadline)
+            size = self._sizes.setdefault(size, size)  # KV blocks share a few sizes: one int each
+        put = self._pending[key] = PendingPut(locations, size, deadline, **grants)
+        self.tenant_pending[tenant_of(key)] += size * len(locations)
+        return put
 
     def commit(self, key: str, checksum: int) -> Entry:
         """PENDING -> COMPLETE, as the most recently used object."""
         put = self._pending.pop(key, None)
         if put is None:
             raise KeyNotFound(key)
+        self.tenant_pending[tenant_of(key)] -= put.size * len(put.locations)
         entry = Entry(_pack(put.locations), put.size, checksum)
         self._complete[key] = entry
+        if key[:1] == "\0":
+            self.tenant_keys[tenant_of(key)] += 1
         return entry
 
     def insert_complete(self, key: str, locations: tuple[int, ...], size: int, checksum: int) -> Entry:
@@ -109,6 +122,8 @@ class ObjectIndex:
             raise AlreadyExists(key)
         entry = Entry(_pack(locations), size, checksum)
         self._complete[key] = entry
+        if key[:1] == "\0":
+            self.tenant_keys[tenant_of(key)] += 1
         return entry
 
     def abandon(self, key: str) -> PendingPut:
@@ -116,6 +131,7 @@ class ObjectIndex:
         put = self._pending.pop(key, None)
         if put is None:
             raise KeyNotFound(key)
+        self.tenant_pending[tenant_of(key)] -= put.size * len(put.locations)
         return put
 
     def remove(self, key: str) -> Entry:
@@ -123,6 +139,8 @@ class ObjectIndex:
         entry = self._complete.pop(key, None)
         if entry is None:
             raise KeyNotFound(key)
+        if key[:1] == "\0":
+            self.tenant_keys[tenant_of(key)] -= 1
         return entry
 
     def touch(self, key: str) -> None:
@@ -136,7 +154,9 @@ class ObjectIndex:
         if key in self._complete:
             self._complete[key].locations = _pack(locations)
         elif key in self._pending:
-            self._pending[key].locations = locations
+            put = self._pending[key]
+            self.tenant_pending[tenant_of(key)] += put.size * (len(locations) - len(put.locations))
+            put.locations = locations
         else:
             raise KeyNotFound(key)
 

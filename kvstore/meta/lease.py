@@ -4,7 +4,9 @@ removed."""
 
 from __future__ import annotations
 
-import itertools
+import random
+import secrets
+from collections.abc import Iterator
 
 
 class LeaseTable:
@@ -35,28 +37,37 @@ class LeaseTable:
             del self._until[k]
         return len(ended)
 
-    def keys(self) -> list[str]:
-        return list(self._until)
+    def __contains__(self, key: object) -> bool:
+        return key in self._until
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys held (a snapshot: safe to release while iterating)."""
+        return iter(list(self._until))
 
 
 class ReadLeases:
     """Read leases, one per key handed out by a Get. A key with a running lease is neither
     evicted, moved nor removed (without force). A reader that is done ends its lease early by
-    its id; one that never says so (it crashed, or does not bother) holds it until it runs out."""
+    its id; one that never says so (it crashed, or does not bother) holds it until it runs out.
+    Ids are random and a lease is bound to its holder: only the client that took it can end it."""
 
     def __init__(self) -> None:
-        self._by_key: dict[str, dict[int, float]] = {}     # key -> {lease id: until}
-        self._key_of: dict[int, str] = {}
-        self._ids = itertools.count(1)
+        self._by_key: dict[str, dict[int, float]] = {}  # key -> {lease id: until}
+        self._of: dict[int, tuple[str, str]] = {}  # lease id -> (key, holder)
+        # Unguessable enough (seeded from the OS), and a lease only ends for its holder anyway;
+        # the OS generator itself costs a system call per lease.
+        self._ids = random.Random(secrets.randbits(128))
 
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def hold(self, key: str, until: float) -> int:
-        """A new lease on `key` until `until`; returns its id."""
-        lease_id = next(self._ids)
+    def hold(self, key: str, until: float, holder: str = "") -> int:
+        """A new lease on `key` until `until` for `holder`; returns its id."""
+        lease_id = self._ids.getrandbits(63) or 1
+        while lease_id in self._of:
+            lease_id = self._ids.getrandbits(63) or 1
         self._by_key.setdefault(key, {})[lease_id] = until
-        self._key_of[lease_id] = key
+        self._of[lease_id] = (key, holder)
         return lease_id
 
     def held(self, key: str, now: float) -> bool:
@@ -67,30 +78,40 @@ class ReadLeases:
         leases = self._by_key.get(key)
         return max(leases.values()) if leases else 0.0
 
-    def end(self, lease_id: int) -> bool:
-        """End one lease; False if it is not (or no longer) a lease on a stored key."""
-        key = self._key_of.pop(lease_id, None)
-        if key is None:
+    def holder(self, lease_id: int) -> str | None:
+        found = self._of.get(lease_id)
+        return None if found is None else found[1]
+
+    def end(self, lease_id: int, holder: str) -> bool:
+        """End one lease of `holder`; False if it is not (or no longer) a lease on a stored key,
+        or another holder's."""
+        found = self._of.get(lease_id)
+        if found is None or found[1] != holder:
             return False
-        leases = self._by_key[key]
+        del self._of[lease_id]
+        leases = self._by_key[found[0]]
         del leases[lease_id]
         if not leases:
-            del self._by_key[key]
+            del self._by_key[found[0]]
         return True
 
     def release(self, key: str) -> dict[int, float]:
         """Forget every lease on `key` (it is going away); returns them, id -> until."""
         leases = self._by_key.pop(key, {})
         for lease_id in leases:
-            del self._key_of[lease_id]
+            del self._of[lease_id]
         return leases
 
     def expire(self, now: float) -> int:
         """Forget leases that ran out; returns how many."""
-        ended = [i for i, key in self._key_of.items() if self._by_key[key][i] < now]
-        for lease_id in ended:
-            self.end(lease_id)
+        ended = [(i, h) for i, (key, h) in self._of.items() if self._by_key[key][i] < now]
+        for lease_id, holder in ended:
+            self.end(lease_id, holder)
         return len(ended)
 
-    def keys(self) -> list[str]:
-        return list(self._by_key)
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys leased (a snapshot: safe to end leases while iterating)."""
+        return iter(list(self._by_key))

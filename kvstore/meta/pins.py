@@ -4,11 +4,11 @@ Acts on the metadata state under the store's lock, like the tiering logic."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvstore.errors import ErrorCode
-from kvstore.meta.results import OK, KeyResult
 from kvstore.meta.state import MetaState
+from kvstore.results import OK, KeyResult
 from kvstore.types import Tier
 
 
@@ -27,12 +27,18 @@ def pin(st: MetaState, keys: Sequence[str], ttl_s: float, cap: float, now: float
         if not st.pins.held(key, now):
             over = [t for t in tiers if pinned.get(t, 0) + entry.size > cap * st.usage(t)[1]]
             if over:
-                results.append(KeyResult(ErrorCode.NO_SPACE, f"pins on tier {over[0].value} would pass "
-                                         f"{cap:.0%} of its capacity; unpin something"))
+                results.append(
+                    KeyResult(
+                        ErrorCode.NO_SPACE,
+                        f"pins on tier {over[0].value} would pass {cap:.0%} of its capacity; unpin something",
+                    )
+                )
                 continue
             for t in tiers:
                 pinned[t] = pinned.get(t, 0) + entry.size
         st.pins.hold(key, now + ttl_s)
+        if st.tracking:
+            st.changed_pins.add(key)
         results.append(OK)
     return results
 
@@ -40,17 +46,21 @@ def pin(st: MetaState, keys: Sequence[str], ttl_s: float, cap: float, now: float
 def unpin(st: MetaState, keys: Sequence[str]) -> list[KeyResult]:
     results = []
     for key in keys:
-        held = key in st.pins.keys()
+        held = key in st.pins
         st.pins.release(key)
+        if held and st.tracking:
+            st.changed_pins.add(key)
         results.append(OK if held else KeyResult(ErrorCode.KEY_NOT_FOUND, f"{key!r} is not pinned"))
     return results
 
 
 def _pinned_bytes(st: MetaState) -> dict[Tier, int]:
     total: dict[Tier, int] = {}
-    for key in st.pins.keys():
+    for key in st.pins:
         entry = st.index.get(key)
-        for loc in entry.replicas() if entry else ():
+        if entry is None:
+            continue
+        for loc in entry.replicas():
             tier = st.tier_of(loc)
             total[tier] = total.get(tier, 0) + entry.size
     return total

@@ -1,183 +1,240 @@
-"""The gRPC face of the metadata service: translates wire <-> MetaStore, nothing more."""
+"""The metadata service as a running server: gRPC (MetaServicer over MetaHandlers), its health
+service, the fast lane, the upkeep ticker, and (when configured) the admin face and KV events."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent import futures
-from typing import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvstore import __version__, wire
+from kvstore import fastrpc, tokens, wire
+from kvstore.admin import AdminServer, Response
+from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
-from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, to_grpc_status
+from kvstore.errors import KVStoreError, to_grpc_status
+from kvstore.events.service import ServiceEvents
+from kvstore.grant import GrantSigner
+from kvstore.logs import RateLimited
+from kvstore.meta.auth import Authenticator
+from kvstore.meta.fastlane import FastLaneServer
+from kvstore.meta.ha import Replicated, Single, Stores
+from kvstore.meta.handlers import MetaHandlers
+from kvstore.meta.journal import Journal
+from kvstore.meta.shardmap import directory
 from kvstore.meta.store import MetaStore
-from kvstore.v1 import meta_pb2 as pb
-from kvstore.v1 import meta_pb2_grpc as pb_grpc
+from kvstore.shards import ShardSpec
+from kvstore.stats import StoreStats
+from kvstore.tls import TlsFiles, grpc_server_credentials, server_context
+
+if TYPE_CHECKING:
+    from kvstore.metrics.history import History
+    from kvstore.metrics.service import ServiceMetrics
 
 log = logging.getLogger(__name__)
+HISTORY_INTERVAL_S = 2.0  # how often the service samples its statistics (dashboard rates, events)
 SERVICE_NAME = "kvstore.v1.MetaService"
 MAX_MESSAGE_BYTES = 64 << 20
+_bad_input = RateLimited(log)
 
 
-def _translating(method: Callable) -> Callable:
-    """Run a servicer method, turning domain errors into gRPC statuses."""
-    def wrapper(self, request, context):
+class _Undecodable(NamedTuple):
+    error: str
+
+
+def _decoder(message_type: type[Message]) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises (gRPC would log a traceback per bad message):
+    an undecodable request reaches the handler as _Undecodable, and is refused there."""
+
+    def decode(data: bytes) -> Any:
         try:
-            return method(self, request, context)
-        except KVStoreError as exc:
-            context.abort(to_grpc_status(exc), str(exc))
-        except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
-            log.exception("internal error in %s", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
-    wrapper.__name__ = method.__name__
-    return wrapper
+            return message_type.FromString(data)
+        except Exception as exc:  # noqa: BLE001 - whatever protobuf raises for bad bytes
+            return _Undecodable(f"{type(exc).__name__}: {exc}")
+
+    return decode
 
 
-def _referenced_segments(store: MetaStore, grants_lists) -> list[pb.Segment]:
-    ids = [g.segment_id for grants in grants_lists for g in grants]
-    return [wire.segment_to_pb(s) for s in store.segments(ids)]
+def _bearer(context: grpc.ServicerContext) -> str:
+    for key, value in context.invocation_metadata():
+        if key == "authorization" and isinstance(value, str):
+            return value.removeprefix("Bearer ").strip()
+    return ""
 
 
-class MetaServicer(pb_grpc.MetaServiceServicer):
-    def __init__(self, store: MetaStore) -> None:
-        self.store = store
-        self.fast_lane_port = 0
+def grpc_handler(handlers: MetaHandlers, auth: Authenticator) -> grpc.GenericRpcHandler:
+    """gRPC's face of MetaHandlers: each RPC of MetaService calls the handler of the same name as
+    the caller its `authorization: Bearer TOKEN` metadata names, and a KVStoreError becomes a
+    gRPC status plus the full ErrorDetail in trailing metadata."""
 
-    @_translating
-    def ServiceInfo(self, request, context):
-        return pb.ServiceInfoResponse(version=__version__, fast_lane_port=self.fast_lane_port)
+    def rpc(name: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+        handler = handlers.handler(name)
 
-    @_translating
-    def MountSegment(self, request, context):
-        if not request.HasField("segment"):
-            raise InvalidArgument("MountSegment needs a segment")
-        self.store.mount_segment(wire.segment_from_pb(request.segment))
-        return pb.MountSegmentResponse()
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            if isinstance(request, _Undecodable):
+                _bad_input.warning(
+                    name, "refused an undecodable %s request from %s: %s", name, context.peer(), request.error
+                )
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot decode {name}: {request.error}")
+            try:
+                return handler(request, auth.principal(_bearer(context)))
+            except KVStoreError as exc:
+                context.set_trailing_metadata(((wire.ERROR_DETAIL_KEY, wire.error_to_pb(exc).SerializeToString()),))
+                context.abort(to_grpc_status(exc), str(exc))
+            except Exception as exc:
+                log.exception("internal error in %s", name)
+                context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
 
-    @_translating
-    def UnmountSegment(self, request, context):
-        return pb.UnmountSegmentResponse(replicas_dropped=self.store.unmount_segment(request.segment_id))
+        return call
 
-    @_translating
-    def Heartbeat(self, request, context):
-        unknown = self.store.heartbeat(request.daemon_id, list(request.segment_ids))
-        return pb.HeartbeatResponse(unknown_segment_ids=unknown,
-                                    ttl_ms=int(self.store.config.heartbeat_ttl_s * 1000))
+    methods = {
+        m.name: grpc.unary_unary_rpc_method_handler(
+            rpc(m.name), request_deserializer=_decoder(m.request), response_serializer=m.response.SerializeToString
+        )
+        for m in fastrpc.METHODS.values()
+    }
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
-    @_translating
-    def PutStart(self, request, context):
-        results = self.store.put_start(list(request.keys), list(request.sizes), request.replica_num or 1)
-        return pb.PutStartResponse(
-            results=[pb.PutStartResult(status=wire.status_to_pb(r.code, r.message),
-                                       replicas=[wire.grant_to_pb(g) for g in r.grants],
-                                       retry_after_ms=r.retry_after_ms) for r in results],
-            segments=_referenced_segments(self.store, (r.grants for r in results)))
 
-    @_translating
-    def PutEnd(self, request, context):
-        results = self.store.put_end(list(request.keys), list(request.checksums))
-        return pb.PutEndResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
+def _current_stats(stores: Stores) -> Callable[[], StoreStats | None]:
+    """The statistics of the store that answers at the moment of the call (what metrics and the
+    dashboard read): a takeover swaps the store, and a standby has none (None)."""
 
-    @_translating
-    def PutRevoke(self, request, context):
-        results = self.store.put_revoke(list(request.keys))
-        return pb.PutRevokeResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
+    def stats() -> StoreStats | None:
+        store = stores.current()
+        return store.stats() if store is not None else None
 
-    @_translating
-    def Get(self, request, context):
-        results = self.store.get(list(request.keys), list(request.released))
-        grant = wire.grant_to_pb
-        return pb.GetResponse(   # an unset status reads as OK (code 0): most results leave it out
-            results=[pb.GetResult(size=r.size, checksum=r.checksum, replicas=[grant(g) for g in r.grants],
-                                  lease_id=r.lease_id)
-                     if r.code is ErrorCode.OK else pb.GetResult(status=wire.status_to_pb(r.code, r.message))
-                     for r in results],
-            segments=_referenced_segments(self.store, (r.grants for r in results)),
-            lease_ms=int(self.store.config.lease_ttl_s * 1000))
+    return stats
 
-    @_translating
-    def Exists(self, request, context):
-        return pb.ExistsResponse(exists=self.store.exists(list(request.keys)))
 
-    @_translating
-    def MatchPrefix(self, request, context):
-        return pb.MatchPrefixResponse(count=self.store.match_prefix(list(request.keys)))
+def _observability(config: MetaConfig, stats: Callable[[], StoreStats | None]) -> tuple[ServiceMetrics | None, History]:
+    """The service's metrics (None when off) and its history of samples (always: it also logs
+    daemons coming and going, and eviction pressure)."""
+    from kvstore.metrics.history import History
 
-    @_translating
-    def Remove(self, request, context):
-        results = self.store.remove(list(request.keys), request.force, list(request.released))
-        return pb.RemoveResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
+    metrics = None
+    if config.metrics:
+        from kvstore.metrics.service import ServiceMetrics
 
-    @_translating
-    def Pin(self, request, context):
-        results = self.store.pin(list(request.keys), request.ttl_ms / 1000)
-        return pb.PinResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
-
-    @_translating
-    def Unpin(self, request, context):
-        results = self.store.unpin(list(request.keys))
-        return pb.UnpinResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
-
-    @_translating
-    def ClaimMoves(self, request, context):
-        tasks = self.store.claim_moves(request.daemon_id, request.max_bytes)
-        return pb.ClaimMovesResponse(tasks=[wire.move_to_pb(t) for t in tasks])
-
-    @_translating
-    def CompleteMoves(self, request, context):
-        self.store.complete_moves(request.daemon_id, [(r.move_id, r.ok, r.error) for r in request.results])
-        return pb.CompleteMovesResponse()
-
-    @_translating
-    def AnnounceBlocks(self, request, context):
-        results = self.store.announce(request.segment_id,
-                                      [(b.key, b.offset, b.size, b.checksum) for b in request.blocks])
-        return pb.AnnounceBlocksResponse(results=[wire.status_to_pb(r.code, r.message) for r in results])
-
-    @_translating
-    def Stats(self, request, context):
-        return wire.stats_to_pb(self.store.stats())
+        metrics = ServiceMetrics(stats)
+    return metrics, History(stats, metrics.lookups if metrics else dict, config.high_watermark)
 
 
 class MetaServer:
     """A running metadata service: gRPC server, health service and the upkeep ticker."""
 
-    def __init__(self, config: MetaConfig, store: MetaStore) -> None:
+    def __init__(
+        self, config: MetaConfig, signer: GrantSigner, clock: Clock | None = None, admin_token: str | None = None
+    ) -> None:
+        """In memory (one MetaStore), or on Redis (config.redis_url: leader or standby, see ha.py);
+        Unavailable if Redis does not answer, InvalidArgument if it holds another's records.
+        `admin_token`: the operator's (default: $KVSTORE_TOKEN, else the token file, made if
+        there is none; `token_source` says which)."""
         self.config = config
-        self.store = store
+        self.token_source = ""
+        if admin_token is None and config.auth:
+            admin_token, self.token_source = tokens.admin_token()
         self._stop = threading.Event()
+        clock = clock or SystemClock()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="meta-rpc"),
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)])
-        servicer = MetaServicer(store)
-        pb_grpc.add_MetaServiceServicer_to_server(servicer, self._server)
-        self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        tls = TlsFiles(config.tls_cert, config.tls_key, config.tls_ca)
+        if tls.serving:
+            self.port = self._server.add_secure_port(f"{config.host}:{config.port}", grpc_server_credentials(tls))
+        else:
+            self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
         if self.port == 0:
             raise OSError(f"cannot listen on {config.host}:{config.port} (in use?)")
-        self._ticker = threading.Thread(target=self._tick_loop, name="meta-tick", daemon=True)
-        self._fast_lane = None
-        if config.fast_lane:
-            from kvstore.meta.fastlane import FastLaneServer
+        self.stores: Stores
+        if config.redis_url:
 
-            self._fast_lane = FastLaneServer(servicer, config.host, config.fast_lane_port)
-            servicer.fast_lane_port = self._fast_lane.port
+            def make(journal: Journal) -> MetaStore:
+                return MetaStore(config, signer, clock, journal=journal)
+
+            self.stores = Replicated(config, signer, config.advertise or self.address, clock, make)
+        else:
+            self.stores = Single(MetaStore(config, signer, clock))
+        stats = _current_stats(self.stores)
+        self.metrics, self.history = _observability(config, stats)
+        redis = self.stores.redis if isinstance(self.stores, Replicated) else None
+        self.shards = directory(config, config.advertise or self.address, redis)
+        handlers = MetaHandlers(self.stores, self.metrics, ShardSpec.parse(config.shard), self.shards)
+        stores = self.stores
+        self.auth = Authenticator(
+            config.auth,
+            admin_token or "",
+            signer.daemon_token,
+            lambda: s.tenants if (s := stores.current()) else None,
+            clock,
+        )
+        self._server.add_generic_rpc_handlers((grpc_handler(handlers, self.auth),))
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._ticker = threading.Thread(target=self._tick_loop, name="meta-tick", daemon=True)
+        self.admin: AdminServer | None = AdminServer(config.host, config.admin_port) if config.admin_port >= 0 else None
+        if self.admin is not None:
+            self.admin.route("GET", "/debug/invariants", self._invariants)
+            from kvstore.dashboard.routes import mount
+
+            registry, lookups = (self.metrics.registry, self.metrics.lookups) if self.metrics else (None, dict)
+            mount(self.admin, stats, self.history, registry, lookups)
+        self.events = ServiceEvents(config, self.admin, clock) if ServiceEvents.wanted(config, self.admin) else None
+        self._fast_lane: FastLaneServer | None = None
+        if config.fast_lane:
+            self._fast_lane = FastLaneServer(
+                handlers,
+                self.auth,
+                config.host,
+                config.fast_lane_port,
+                config.connection_limits,
+                server_context(tls) if tls.serving else None,
+            )
+            handlers.fast_lane_port = self._fast_lane.port
 
     @property
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
-    def start(self) -> "MetaServer":
+    def _invariants(self, query: dict[str, list[str]], body: bytes) -> Response:
+        """check_invariants() of the store this service answers from (for tests and operators)."""
+        store = self.stores.current()
+        if store is None:
+            return Response.json({"ok": None, "why": "no store: this service is a standby"})
+        try:
+            store.check_invariants()
+        except AssertionError as exc:
+            return Response.json({"ok": False, "why": str(exc)}, 500)
+        return Response.json({"ok": True})
+
+    @property
+    def store(self) -> MetaStore | None:
+        """The store this service answers from now (None on a standby)."""
+        return self.stores.current()
+
+    def start(self) -> MetaServer:
+        if self.events is not None:
+            self.events.start(self.stores.current())  # before serving: no change goes unreported
         self._server.start()
+        if isinstance(self.stores, Replicated):
+            self.stores.start()
         if self._fast_lane is not None:
             self._fast_lane.start()
+        if self.admin is not None:
+            self.admin.start()
+            log.info("admin (HTTP) on %s", self.admin.address)
         self._ticker.start()
+        self.history.start(HISTORY_INTERVAL_S)
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("metadata service listening on %s", self.address)
@@ -185,19 +242,31 @@ class MetaServer:
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.config.tick_interval_s):
+            store = self.stores.current()
             try:
-                self.store.tick()
-            except Exception:  # noqa: BLE001 - keep ticking; the error is logged
+                if self.events is not None:
+                    self.events.follow(store)  # a takeover's new store, or none once deposed
+                if store is not None:
+                    store.tick()
+            except KVStoreError as exc:  # the journal refused: logged once where it failed
+                log.debug("metadata upkeep: %s", exc)
+            except Exception:
                 log.exception("metadata upkeep failed")
 
     def stop(self, grace: float = 1.0) -> None:
         self._stop.set()
+        self.history.stop()
         self._health.enter_graceful_shutdown()
+        self.stores.stop()
         if self._fast_lane is not None:
             self._fast_lane.stop()
+        if self.admin is not None:
+            self.admin.stop()
         self._server.stop(grace).wait()
         if self._ticker.is_alive():
             self._ticker.join(timeout=5)
+        if self.events is not None:
+            self.events.stop()  # after the ticker: it may be following a new store
 
     def wait(self) -> None:
         self._server.wait_for_termination()

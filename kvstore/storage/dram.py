@@ -38,7 +38,7 @@ class DramSegment(SegmentStorage):
 
     def view(self, offset: int, length: int) -> memoryview:
         self._check_range(offset, length)
-        return self._view[offset:offset + length]
+        return self._view[offset : offset + length]
 
     def read_into(self, offset: int, dest: memoryview) -> None:
         dest[:] = self.view(offset, len(dest))

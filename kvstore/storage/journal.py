@@ -21,23 +21,20 @@ import threading
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
 
 import xxhash
 
+from kvstore.results import Block
+
 log = logging.getLogger(__name__)
 
-MAGIC = b"KVSJRNL1"     # bump the digit to change the format; never reuse it
+MAGIC = b"KVSJRNL1"  # bump the digit to change the format; never reuse it
 _HEAD = struct.Struct("<IQ")
 _BODY = struct.Struct("<QQQ")
-_MAX_PAYLOAD = _BODY.size + 4 * 1024     # keys are at most 1024 UTF-8 bytes; anything longer is garbage
+_MAX_PAYLOAD = _BODY.size + 4 * 1024  # keys are at most 1024 UTF-8 bytes; anything longer is garbage
 
 
-class JournalRecord(NamedTuple):
-    key: str
-    offset: int
-    size: int
-    checksum: int
+JournalRecord = Block  # which key lives where in the segment, and its checksum
 
 
 def encode(record: JournalRecord) -> bytes:
@@ -52,9 +49,9 @@ def decode(data: bytes) -> tuple[list[JournalRecord], int]:
     if not data:
         return [], 0
     if not data.startswith(MAGIC):
-        if MAGIC.startswith(data):      # torn while the file was being created
+        if MAGIC.startswith(data):  # torn while the file was being created
             return [], 0
-        raise ValueError(f"not a kvstore SSD journal (magic {data[:len(MAGIC)]!r}, want {MAGIC!r})")
+        raise ValueError(f"not a kvstore SSD journal (magic {data[: len(MAGIC)]!r}, want {MAGIC!r})")
     records, pos = [], len(MAGIC)
     while pos + _HEAD.size <= len(data):
         length, digest = _HEAD.unpack_from(data, pos)
@@ -66,7 +63,7 @@ def decode(data: bytes) -> tuple[list[JournalRecord], int]:
             break
         offset, size, checksum = _BODY.unpack_from(payload)
         try:
-            key = payload[_BODY.size:].decode("utf-8", "surrogatepass")
+            key = payload[_BODY.size :].decode("utf-8", "surrogatepass")
         except UnicodeDecodeError:
             break
         records.append(JournalRecord(key, offset, size, checksum))
@@ -96,8 +93,9 @@ class Journal:
             _write_all(self._fd, MAGIC)
             os.fdatasync(self._fd)
         elif valid < len(data):
-            log.warning("%s: ignoring %d bytes of torn or corrupt journal tail at byte %d",
-                        self.path, len(data) - valid, valid)
+            log.warning(
+                "%s: ignoring %d bytes of torn or corrupt journal tail at byte %d", self.path, len(data) - valid, valid
+            )
             os.ftruncate(self._fd, valid)
             os.fdatasync(self._fd)
 
@@ -149,6 +147,7 @@ def live_records(records: Iterable[JournalRecord], alignment: int) -> list[Journ
     freed and reused) and any earlier record of the same key (the key was written again).
     Invariant: live ranges never overlap, so in offset order their ends are sorted too.
     """
+
     def end(r: JournalRecord) -> int:
         return r.offset + max(-(-r.size // alignment) * alignment, alignment)
 
@@ -177,7 +176,7 @@ def live_records(records: Iterable[JournalRecord], alignment: int) -> list[Journ
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def fsync_dir(directory: Path) -> None:

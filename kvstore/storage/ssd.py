@@ -22,7 +22,7 @@ import mmap
 import os
 import select
 import socket
-import tempfile
+import struct
 import threading
 import time
 import uuid
@@ -30,51 +30,39 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from ctypes import addressof, c_char
 from pathlib import Path
-from typing import NamedTuple
 
 from kvstore.checksum import checksum
-from kvstore.storage.base import SegmentStorage
+from kvstore.metrics.observe import SsdIoObserver
+from kvstore.results import Block
+from kvstore.storage.base import DroppedBlock, RecoveryReport, SegmentStorage
 from kvstore.storage.journal import Journal, JournalRecord, fsync_dir, live_records
 from kvstore.types import Tier
 
 log = logging.getLogger(__name__)
 
 ALIGN = 4096
-CHUNK = 8 << 20                 # bounce buffer size: large enough that one syscall moves a lot
+CHUNK = 8 << 20  # bounce buffer size: large enough that one syscall moves a lot
 _ZERO_PAGE = bytes(ALIGN)
-_O_DIRECT = getattr(os, "O_DIRECT", 0)      # absent on macOS: buffered only
-
-RecoveredBlock = JournalRecord      # a journal record whose bytes passed their checksum
-
-
-class DroppedBlock(NamedTuple):
-    key: str
-    reason: str
-
-
-class RecoveryReport(NamedTuple):
-    blocks: list[RecoveredBlock]
-    dropped: list[DroppedBlock]
-
-
-class DiskCeiling(NamedTuple):
-    """Single-stream sequential throughput of the raw disk, GB/s (1e9 bytes/s). The direct
-    figures are None where the filesystem refuses O_DIRECT."""
-
-    size: int
-    buffered_write_gbps: float
-    buffered_read_gbps: float
-    direct_write_gbps: float | None
-    direct_read_gbps: float | None
+_TIMEVAL = struct.Struct("@ll")
+_O_DIRECT = getattr(os, "O_DIRECT", 0)  # absent on macOS: buffered only
 
 
 class SsdSegment(SegmentStorage):
-    persistent = True
     tier = Tier.SSD
     alignment = ALIGN
+    io: SsdIoObserver | None = None  # the daemon's metrics, when it has them
+    _unjournaled_since: float | None = None  # perf_counter of the oldest write not yet journaled
 
-    def __init__(self, segment_id: str, capacity: int, path: Path, fd: int, direct_fd: int | None,
-                 journal: Journal, extra_paths: tuple[Path, ...]) -> None:
+    def __init__(
+        self,
+        segment_id: str,
+        capacity: int,
+        path: Path,
+        fd: int,
+        direct_fd: int | None,
+        journal: Journal,
+        extra_paths: tuple[Path, ...],
+    ) -> None:
         """Use SsdSegment.open."""
         self.segment_id = segment_id
         self.capacity = capacity
@@ -84,7 +72,7 @@ class SsdSegment(SegmentStorage):
         self._direct = direct_fd is not None
         self._journal = journal
         self._extra_paths = extra_paths
-        self._pool: list[mmap.mmap] = []        # idle bounce buffers; one per concurrent writer
+        self._pool: list[mmap.mmap] = []  # idle bounce buffers; one per concurrent writer
         self._pool_lock = threading.Lock()
 
     @classmethod
@@ -108,16 +96,19 @@ class SsdSegment(SegmentStorage):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
-                raise BlockingIOError(errno.EWOULDBLOCK, f"{path} is already open (another daemon "
-                                                         "on this directory?)") from exc
+                raise BlockingIOError(
+                    errno.EWOULDBLOCK, f"{path} is already open (another daemon on this directory?)"
+                ) from exc
             size = os.fstat(fd).st_size
             if size == 0:
                 os.posix_fallocate(fd, 0, capacity)
             elif size != capacity:
-                raise ValueError(f"{path} holds a {size}-byte segment but capacity {capacity} was "
-                                 "asked; reopen with the old capacity, or delete the files to start over")
+                raise ValueError(
+                    f"{path} holds a {size}-byte segment but capacity {capacity} was "
+                    "asked; reopen with the old capacity, or delete the files to start over"
+                )
             segment_id = _load_or_create_id(directory / f"ssd-{index}.id")
-            direct_fd = _open_direct(path) if direct else None
+            direct_fd = open_direct(path) if direct else None
             if direct_fd is not None:
                 fds.append(direct_fd)
             journal = Journal(directory / f"ssd-{index}.journal")
@@ -130,6 +121,11 @@ class SsdSegment(SegmentStorage):
         return cls(segment_id, capacity, path, fd, direct_fd, journal, extra)
 
     @property
+    def _direct_write_fd(self) -> int:
+        assert self._direct_fd is not None, "O_DIRECT writes without an O_DIRECT descriptor"
+        return self._direct_fd
+
+    @property
     def direct(self) -> bool:
         """Whether writes currently go through O_DIRECT."""
         return self._direct
@@ -137,7 +133,10 @@ class SsdSegment(SegmentStorage):
     def read_into(self, offset: int, dest: memoryview) -> None:
         dest = memoryview(dest).cast("B")
         self._check_range(offset, len(dest))
-        _pread_all(self._fd, dest, offset)
+        begun = time.perf_counter()
+        pread_all(self._fd, dest, offset)
+        if self.io is not None:
+            self.io.io("read", len(dest), time.perf_counter() - begun)
 
     def write_from(self, offset: int, src: memoryview) -> None:
         """Write src at `offset`. Not durable by itself: record() makes it so. With O_DIRECT the
@@ -146,10 +145,18 @@ class SsdSegment(SegmentStorage):
         self._check_range(offset, len(src))
         if not src:
             return
+        begun = time.perf_counter()
+        self._write(offset, src)
+        if self.io is not None:
+            self.io.io("write", len(src), time.perf_counter() - begun)
+            if self._unjournaled_since is None:
+                self._unjournaled_since = begun
+
+    def _write(self, offset: int, src: memoryview) -> None:
         if self._direct and offset % ALIGN == 0:
             try:
                 if _page_aligned(src):
-                    _pwrite_all(self._direct_fd, src, offset)
+                    pwrite_all(self._direct_write_fd, src, offset)
                 else:
                     self._write_bounced(offset, src)
                 return
@@ -157,25 +164,26 @@ class SsdSegment(SegmentStorage):
                 if exc.errno != errno.EINVAL:
                     raise
                 # The fd stays open until close(): another thread may be using it right now.
-                log.warning("%s: O_DIRECT write refused (%s); falling back to buffered writes", self.path,
-                            exc.strerror)     # not exc: its traceback pins slices of a bounce buffer
+                log.warning(
+                    "%s: O_DIRECT write refused (%s); falling back to buffered writes", self.path, exc.strerror
+                )  # not exc: its traceback pins slices of a bounce buffer
                 self._direct = False
-        _pwrite_all(self._fd, src, offset)
+        pwrite_all(self._fd, src, offset)
 
     def _write_bounced(self, offset: int, src: memoryview) -> None:
         with self._bounce() as bounce:
             for pos in range(0, len(src), CHUNK):
-                chunk = src[pos:pos + CHUNK]
+                chunk = src[pos : pos + CHUNK]
                 n = len(chunk)
                 padded = n + (-n % ALIGN)
                 bounce[:n] = chunk
-                bounce[n:padded] = _ZERO_PAGE[:padded - n]
-                _pwrite_all(self._direct_fd, bounce[:padded], offset + pos)
+                bounce[n:padded] = _ZERO_PAGE[: padded - n]
+                pwrite_all(self._direct_write_fd, bounce[:padded], offset + pos)
 
     @contextmanager
     def _bounce(self) -> Iterator[memoryview]:
         with self._pool_lock:
-            buf = self._pool.pop() if self._pool else mmap.mmap(-1, CHUNK)    # mmap is page aligned
+            buf = self._pool.pop() if self._pool else mmap.mmap(-1, CHUNK)  # mmap is page aligned
         try:
             with memoryview(buf) as view:
                 yield view
@@ -183,20 +191,36 @@ class SsdSegment(SegmentStorage):
             with self._pool_lock:
                 self._pool.append(buf)
 
-    def sendfile(self, sock: socket.socket, offset: int, length: int) -> None:
-        """Send [offset, +length) of the data file to `sock` without copying through Python.
-        Honours the socket's timeout (TimeoutError); raises OSError if the peer goes away."""
+    def sendfile(self, sock: socket.socket, offset: int, length: int, deadline: float | None = None) -> None:
+        """Send [offset, +length) of the data file to `sock` without copying through Python, by
+        `deadline` (a time.monotonic() value; TimeoutError after it); OSError if the peer goes."""
         self._check_range(offset, length)
-        out, timeout = sock.fileno(), sock.gettimeout()
+        begun = time.perf_counter()
+        self._sendfile(sock, offset, length, deadline)
+        if self.io is not None:
+            self.io.io("read", length, time.perf_counter() - begun)
+
+    def _sendfile(self, sock: socket.socket, offset: int, length: int, deadline: float | None) -> None:
+        out = sock.fileno()
         end = offset + length
         while offset < end:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"sendfile to {sock!r} did not finish by its deadline")
+                seconds = int(left)
+                sock.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.pack(seconds, max(1, int((left - seconds) * 1e6)))
+                )
             try:
                 sent = os.sendfile(out, self._fd, offset, min(end - offset, 1 << 30))
-            except BlockingIOError:
-                poller = select.poll()
-                poller.register(out, select.POLLOUT)
-                if not poller.poll(None if timeout is None else timeout * 1000):
-                    raise TimeoutError(f"sendfile to {sock!r} timed out") from None
+            except BlockingIOError:  # the send timeout fired, or the socket is non-blocking
+                if deadline is None:
+                    poller = select.poll()
+                    poller.register(out, select.POLLOUT)
+                    timeout = sock.gettimeout()
+                    if not poller.poll(None if timeout is None else timeout * 1000):
+                        raise TimeoutError(f"sendfile to {sock!r} timed out") from None
                 continue
             if sent == 0:
                 raise OSError(errno.EIO, f"sendfile hit the end of {self.path} at byte {offset}")
@@ -206,13 +230,16 @@ class SsdSegment(SegmentStorage):
         """Journal that `key` lives at [offset, +size) with `checksum`, once its bytes are durable."""
         self.record_many([JournalRecord(key, offset, size, checksum)])
 
-    def record_many(self, records: Iterable[tuple[str, int, int, int]]) -> None:
+    def record_many(self, records: Iterable[Block]) -> None:
         """record() for many blocks: one fdatasync of the data and one of the journal."""
         records = [JournalRecord(*r) for r in records]
         for r in records:
             self._check_range(r.offset, r.size)
-        os.fdatasync(self._fd)      # the bytes first, so no record ever names bytes not on disk
+        os.fdatasync(self._fd)  # the bytes first, so no record ever names bytes not on disk
         self._journal.append(records)
+        since, self._unjournaled_since = self._unjournaled_since, None
+        if self.io is not None and since is not None:
+            self.io.journal_lag(time.perf_counter() - since)
 
     def recover(self) -> RecoveryReport:
         """Replay the journal: which blocks this segment still holds, verified by checksum.
@@ -226,7 +253,7 @@ class SsdSegment(SegmentStorage):
         is harmless: keys are content addressed, so a resurrected block holds the right bytes.
         Safe while the daemon serves: records made during recovery are kept (not verified).
         """
-        blocks: list[RecoveredBlock] = []
+        blocks: list[Block] = []
         dropped: list[DroppedBlock] = []
         buf = bytearray()
         records, replayed_to = self._journal.replay()
@@ -236,13 +263,13 @@ class SsdSegment(SegmentStorage):
             else:
                 if len(buf) < r.size:
                     buf = bytearray(r.size)
-                with memoryview(buf)[:r.size] as view:
+                with memoryview(buf)[: r.size] as view:
                     try:
                         self.read_into(r.offset, view)
-                        reason = None if checksum(view) == r.checksum else "checksum mismatch"
+                        reason = "" if checksum(view) == r.checksum else "checksum mismatch"
                     except OSError as exc:
                         reason = f"read failed: {exc}"
-            if reason is None:
+            if not reason:
                 blocks.append(r)
             else:
                 log.warning("%s: dropping block %r at [%d, +%d): %s", self.path, r.key, r.offset, r.size, reason)
@@ -264,7 +291,7 @@ class SsdSegment(SegmentStorage):
             for buf in self._pool:
                 try:
                     buf.close()
-                except BufferError:     # a view is still alive somewhere; the GC frees the buffer
+                except BufferError:  # a view is still alive somewhere; the GC frees the buffer
                     pass
             self._pool.clear()
         if remove:
@@ -289,7 +316,7 @@ def _load_or_create_id(path: Path) -> str:
     return segment_id
 
 
-def _open_direct(path: Path) -> int | None:
+def open_direct(path: Path) -> int | None:
     if not _O_DIRECT:
         return None
     try:
@@ -308,60 +335,15 @@ def _page_aligned(view: memoryview) -> bool:
     return addressof(c_char.from_buffer(view)) % ALIGN == 0
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
 
 
-def _pread_all(fd: int, view: memoryview, offset: int) -> None:
+def pread_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
         n = os.preadv(fd, [view], offset)
         if n == 0:
             raise OSError(errno.EIO, f"unexpected end of file at byte {offset}")
         view, offset = view[n:], offset + n
-
-
-def raw_disk_ceiling(directory: Path | str, size: int = 1 << 30) -> DiskCeiling:
-    """Measure what the disk under `directory` does without kvstore, buffered and with O_DIRECT:
-    sequential 8 MiB writes of `size` bytes (rounded to 8 MiB) into a freshly preallocated file,
-    as the SSD tier does, then fdatasync; then reads of them, cold (O_DIRECT, or buffered after
-    dropping the file's page cache). Temporary files are always removed."""
-    size = max(size // CHUNK, 1) * CHUNK
-    with mmap.mmap(-1, CHUNK) as buf:
-        buf[:] = os.urandom(CHUNK)      # incompressible, in case the device compresses
-        buffered = _measure(Path(directory), buf, size, direct=False)
-        direct = _measure(Path(directory), buf, size, direct=True)
-    return DiskCeiling(size, *buffered, *(direct or (None, None)))
-
-
-def _measure(directory: Path, buf: mmap.mmap, size: int, direct: bool) -> tuple[float, float] | None:
-    fd, name = tempfile.mkstemp(prefix=".kvstore-ceiling-", dir=directory)
-    io_fd = None
-    try:
-        os.posix_fallocate(fd, 0, size)
-        io_fd = _open_direct(Path(name)) if direct else fd
-        if io_fd is None:
-            return None
-        write = _timed_pass(io_fd, buf, size, write=True)
-        os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
-        return write, _timed_pass(io_fd, buf, size, write=False)
-    except OSError as exc:
-        if not direct or exc.errno != errno.EINVAL:
-            raise
-        return None
-    finally:
-        if io_fd is not None and io_fd != fd:
-            os.close(io_fd)
-        os.close(fd)
-        os.unlink(name)
-
-
-def _timed_pass(fd: int, buf: mmap.mmap, size: int, write: bool) -> float:
-    with memoryview(buf) as view:
-        start = time.perf_counter()
-        for offset in range(0, size, CHUNK):
-            (_pwrite_all if write else _pread_all)(fd, view, offset)
-        if write:
-            os.fdatasync(fd)
-        return size / (time.perf_counter() - start) / 1e9

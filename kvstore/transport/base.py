@@ -7,15 +7,32 @@ every grant. Implementations register by name in registry.py and are imported la
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import ClassVar, NamedTuple, TypeVar
 
-from kvstore.config import ClientConfig
+from kvstore.clock import Clock, SystemClock, now_ms
+from kvstore.config import ClientConfig, DaemonConfig
+from kvstore.errors import InvalidArgument, PermissionDenied
 from kvstore.grant import GrantSigner
+from kvstore.metrics.observe import NO_TRANSFERS, TransferObserver
 from kvstore.storage.base import SegmentStorage
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo
+
+
+class Written(NamedTuple):
+    """What a write returns: per transfer, the checksum of its bytes computed while copying (or
+    None: not computed), and the daemon's receipt for its grant (None: a transport whose daemon
+    sees no request, shm and mooncake)."""
+
+    checksums: list[int] | None
+    receipts: list[bytes] | None
+
+
+NOT_WRITTEN = Written(None, None)
 
 
 @dataclass(frozen=True)
@@ -29,19 +46,27 @@ class Transfer:
     buffer: memoryview
 
 
-def checked_view(segment: SegmentInfo, t: Transfer, mode: GrantMode, transport: str) -> memoryview:
-    """t.buffer as flat bytes, after checking that it fits its grant and `mode`."""
-    from kvstore.errors import InvalidArgument
-
+def checked_view(segment: SegmentInfo, t: Transfer, mode: GrantMode, transport: str, now_ms: int) -> memoryview:
+    """t.buffer as flat bytes, after the checks every client side makes before moving a byte:
+    the grant is for this segment and direction, lies inside the segment, has not expired, and the
+    buffer is C-contiguous (writable for a read) and exactly the grant's size."""
     g, buf = t.grant, t.buffer
     if g.segment_id != segment.segment_id or g.mode != mode:
-        raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for "
-                              f"{segment.segment_id}/{mode.name}")
+        raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for {segment.segment_id}/{mode.name}")
     if not buf.c_contiguous or (mode is GrantMode.READ and buf.readonly):
         raise InvalidArgument(f"{transport} transfers need C-contiguous buffers, writable for a read")
     if buf.nbytes != g.length:
         raise InvalidArgument(f"buffer of {buf.nbytes} bytes does not match grant [{g.offset}, +{g.length})")
+    if g.offset + g.length > segment.capacity:
+        raise PermissionDenied(f"grant range [{g.offset}, +{g.length}) is outside the segment")
+    if g.expires_ms < now_ms:
+        # The space may already belong to another key: writing could corrupt it, reading return it.
+        again = "put" if mode is GrantMode.WRITE else "get"
+        raise PermissionDenied(f"{mode.name.lower()} grant expired {now_ms - g.expires_ms} ms ago: {again} again")
     return buf.cast("B")
+
+
+_Fields = TypeVar("_Fields")
 
 
 class Transport(ABC):
@@ -49,21 +74,39 @@ class Transport(ABC):
 
     name: ClassVar[str]
 
+    def __init__(self, config: ClientConfig | None = None, clock: Clock | None = None) -> None:
+        self.config = config or ClientConfig()
+        self.clock = clock or SystemClock()  # grants' expiry is judged by this clock
+
     @classmethod
-    def from_config(cls, config: ClientConfig) -> "Transport":
-        """The transport as a client with `config` uses it (most need nothing from it)."""
-        return cls()
+    def from_config(cls, config: ClientConfig, clock: Clock | None = None) -> Transport:
+        """The transport as a client with `config` uses it."""
+        return cls(config, clock)
+
+    def now_ms(self) -> int:
+        return now_ms(self.clock)
 
     def can_reach(self, segment: SegmentInfo) -> bool:
         """Whether this transport can reach `segment` from here (cheap; no I/O beyond a stat)."""
         return segment.endpoint(self.name) is not None
 
+    def address_of(self, segment: SegmentInfo, parse: Callable[[str], _Fields]) -> _Fields | None:
+        """parse(address) of the segment's endpoint on this transport; None if it offers none or
+        the address does not parse (ValueError): such a segment cannot be reached."""
+        ep = segment.endpoint(self.name)
+        if ep is None:
+            return None
+        try:
+            return parse(ep.address)
+        except ValueError:
+            return None
+
     @abstractmethod
-    def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int] | None:
+    def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> Written:
         """Write every transfer's buffer into its granted range; raise TransportError,
         PermissionDenied or InvalidArgument on failure (then any subset may have been written).
-        `deadline` is a time.monotonic() value. May return the checksum of each buffer, computed
-        while copying (cheaper than a second pass); None leaves that to the caller."""
+        `deadline` is a time.monotonic() value. Returns the buffers' checksums where computed
+        while copying (cheaper than a second pass) and the daemon's receipts where it gives them."""
 
     @abstractmethod
     def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int] | None:
@@ -78,30 +121,92 @@ class Transport(ABC):
 
 
 class GrantChecker:
-    """What a daemon-side server asks before touching segment bytes."""
+    """What a daemon-side server asks before touching segment bytes. Thread safe.
 
-    def __init__(self, signer: GrantSigner, segments: Callable[[str], SegmentStorage | None],
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+    A WRITE grant is taken once: a second request with it is refused, so no grant can rewrite a
+    value after its writer committed it (and the receipt for the first write tells the service
+    the grant is spent). Taken grants are remembered until they expire."""
+
+    def __init__(
+        self,
+        signer: GrantSigner,
+        segments: Callable[[str], SegmentStorage | None],
+        clock: Clock | None = None,
+        observer: TransferObserver = NO_TRANSFERS,
+    ) -> None:
         self._signer = signer
         self._segments = segments
-        self._clock_ms = clock_ms
+        self.clock = clock or SystemClock()
+        self.observer = observer  # told of every refusal, by reason
+        self._taken: dict[bytes, int] = {}  # MAC of a taken write grant -> its expiry (ms)
+        self._lock = threading.Lock()
 
     def check(self, grant: Grant, mode: GrantMode) -> SegmentStorage:
-        """The segment the grant is for, or PermissionDenied / KeyNotFound-free refusal."""
-        from kvstore.errors import PermissionDenied
+        """The segment the grant is for, or PermissionDenied (a WRITE grant is taken: use
+        check_all to take a request's grants together)."""
+        return self.check_all([grant], mode)[0]
 
-        seg = self._segments(grant.segment_id)
-        if seg is None:
-            raise PermissionDenied(f"segment {grant.segment_id!r} is not served by this daemon")
-        self._signer.check(grant, mode, self._clock_ms(), seg.capacity)
-        return seg
+    def check_all(self, grants: Sequence[Grant], mode: GrantMode) -> list[SegmentStorage]:
+        """The segment each grant is for, after checking every one; PermissionDenied for the
+        first that fails, and then none of a WRITE request's grants is taken."""
+        now = now_ms(self.clock)
+        placed = []
+        for grant in grants:
+            seg = self._segments(grant.segment_id)
+            if seg is None:
+                self.observer.refused(mode, "unknown_segment")
+                raise PermissionDenied(f"segment {grant.segment_id!r} is not served by this daemon")
+            try:
+                self._signer.check(grant, mode, now, seg.capacity)
+            except PermissionDenied:
+                self.observer.refused(mode, "expired" if grant.expires_ms < now else "invalid")
+                raise
+            placed.append(seg)
+        if mode is GrantMode.WRITE:
+            try:
+                self._take(grants, now)
+            except PermissionDenied:
+                self.observer.refused(mode, "reused")
+                raise
+        return placed
+
+    def _take(self, grants: Sequence[Grant], now: int) -> None:
+        with self._lock:
+            for i, grant in enumerate(grants):
+                if grant.mac in self._taken or any(g.mac == grant.mac for g in grants[:i]):
+                    raise PermissionDenied(
+                        f"write grant for [{grant.offset}, +{grant.length}) of {grant.segment_id} was used "
+                        "already: a grant writes once; put the key again"
+                    )
+            for grant in grants:
+                self._taken[grant.mac] = grant.expires_ms
+            if len(self._taken) > _PRUNE_AT and next(iter(self._taken.values())) < now:
+                self._taken = {mac: until for mac, until in self._taken.items() if until >= now}
+
+    def receipt(self, grant: Grant) -> bytes:
+        """The receipt for a write grant whose bytes landed (for the writer's PutEnd)."""
+        return self._signer.receipt(grant)
+
+    def deadline(self, grants: Sequence[Grant]) -> float:
+        """The time.monotonic() by which a request on `grants` must have moved every byte: the
+        first grant's expiry (after it, the space may be handed to another key)."""
+        left_ms = min(g.expires_ms for g in grants) - now_ms(self.clock) if grants else 0
+        return time.monotonic() + max(0, left_ms) / 1000
+
+
+_PRUNE_AT = 4096  # taken write grants remembered before expired ones are dropped
 
 
 class TransportServer(ABC):
-    """Daemon side of one transport. Constructed as cls(checker: GrantChecker, config: DaemonConfig);
-    every request that touches segment bytes goes through checker.check first."""
+    """Daemon side of one transport. Every request that touches segment bytes goes through
+    checker.check first, and reports what it moved to `observer` (the daemon sets it)."""
 
     name: ClassVar[str]
+    observer: TransferObserver = NO_TRANSFERS
+
+    @abstractmethod
+    def __init__(self, checker: GrantChecker, config: DaemonConfig) -> None:
+        """Not serving yet: start() begins."""
 
     @abstractmethod
     def start(self) -> None:

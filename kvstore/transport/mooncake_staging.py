@@ -11,8 +11,8 @@ import numpy as np
 
 from kvstore.errors import TransportError
 
-STAGING_BYTES = 64 << 20       # bytes per staging buffer: the most one round moves
-KEPT = 4                       # idle staging buffers kept per transport
+STAGING_BYTES = 64 << 20  # bytes per staging buffer: the most one round moves
+KEPT = 4  # idle staging buffers kept per transport
 log = logging.getLogger(__name__)
 
 
@@ -44,8 +44,12 @@ class Staging:
         with self._lock:
             if not clean:
                 self.abandoned.append(buf)
-                log.warning("mooncake: a failed transfer may still touch %d MiB of staging memory; "
-                             "it is set aside for good (%d so far)", STAGING_BYTES >> 20, len(self.abandoned))
+                log.warning(
+                    "mooncake: a failed transfer may still touch %d MiB of staging memory; "
+                    "it is set aside for good (%d so far)",
+                    STAGING_BYTES >> 20,
+                    len(self.abandoned),
+                )
             elif len(self._idle) < KEPT:
                 self._idle.append(buf)
 

@@ -1,4 +1,4 @@
-"""The daemon side of the `ucx` transport (the protocol is described in ucx.py): one UCX worker
+"""The daemon side of the `ucx` transport (the protocol is described in ucx_client.py): one UCX worker
 driven by one thread, which also runs every request."""
 
 from __future__ import annotations
@@ -9,22 +9,44 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from kvstore.config import DEFAULT_UCX_TLS, DaemonConfig
 from kvstore.errors import ErrorCode, KVStoreError, TransportError
+from kvstore.grant import unpack_grants
 from kvstore.hostid import host_id, pid_alive
-from kvstore.storage.base import SegmentStorage
+from kvstore.storage.base import Landing, SegmentStorage
 from kvstore.transport.base import GrantChecker, TransportServer
-from kvstore.transport.ucx_wire import (HEADER, HELLO, ITEM, KIND_CTRL, KIND_DATA, KIND_STATUS, MAGIC,
-                                        MAX_CTRL_BYTES, MAX_ITEMS, MAX_SEGMENT_ID_BYTES, OP_BYE, OP_HELLO,
-                                        OP_READ, OP_WRITE, POLL_MS, VERSION, Peer, Worker, encode_status,
-                                        pieces, tag, window)
+from kvstore.transport.ucx_wire import (
+    HEADER,
+    HELLO,
+    ITEM,
+    KIND_CTRL,
+    KIND_DATA,
+    KIND_STATUS,
+    MAGIC,
+    MAX_CTRL_BYTES,
+    MAX_ITEMS,
+    MAX_SEGMENT_ID_BYTES,
+    OP_BYE,
+    OP_HELLO,
+    OP_READ,
+    OP_WRITE,
+    POLL_MS,
+    VERSION,
+    Peer,
+    Worker,
+    encode_status,
+    pieces,
+    tag,
+    window,
+)
 from kvstore.types import Endpoint, Grant, GrantMode
 
-_BATCH_TIMEOUT_S = 30.0         # a request not finished by then drops its client
-_REAP_EVERY_S = 1.0             # how often to look for dead same-host clients
+_BATCH_TIMEOUT_S = 30.0  # a request not finished by then drops its client
+_REAP_EVERY_S = 1.0  # how often to look for dead same-host clients
 _log = logging.getLogger(__name__)
 
 
@@ -33,7 +55,7 @@ class _Batch:
     """A request in progress on the daemon: requests in flight, pieces still to send (READ), and
     what to do once all complete (WRITE: store bounced pieces, send the final status)."""
 
-    conn_id: int                        # 0: a reply to a hello
+    conn_id: int  # 0: a reply to a hello
     deadline: float
     requests: list[tuple[Any, Any]] = field(default_factory=list)
     to_send: deque[tuple[memoryview, int]] = field(default_factory=deque)
@@ -62,6 +84,17 @@ class UcxServer(TransportServer):
         self._failed: BaseException | None = None
         self._ready = threading.Event()
 
+    @property
+    def _w(self) -> Worker:
+        """The worker (made by the loop's thread before anything else runs on it)."""
+        assert self._ucx is not None, "the ucx loop is not running"
+        return self._ucx
+
+    @property
+    def connections(self) -> int:
+        """Clients connected now (each said HELLO and has not said BYE nor been dropped)."""
+        return len(self._clients)
+
     def start(self) -> None:
         """Start the worker and its thread; returns once the worker address is known."""
         self._thread = threading.Thread(target=self._run, name="kvstore-ucx", daemon=True)
@@ -84,11 +117,14 @@ class UcxServer(TransportServer):
     def _run(self) -> None:
         try:
             self._ucx = Worker(self._tls)
-            self._address = f"{self._ucx.address.hex()}|{host_id()}|{os.getpid()}"
+            self._address = f"{self._w.address.hex()}|{host_id()}|{os.getpid()}"
             self._post_ctrl()
-        except BaseException as exc:            # reported by start()
-            self._failed = exc if isinstance(exc, KVStoreError) else \
-                TransportError(f"ucx transport cannot start (UCX_TLS={self._tls}): {exc}")
+        except BaseException as exc:  # noqa: BLE001 - reported by start()
+            self._failed = (
+                exc
+                if isinstance(exc, KVStoreError)
+                else TransportError(f"ucx transport cannot start (UCX_TLS={self._tls}): {exc}")
+            )
             self._ready.set()
             return
         self._ready.set()
@@ -96,33 +132,37 @@ class UcxServer(TransportServer):
         try:
             while not self._stopping.is_set():
                 try:
-                    self._ucx.progress(POLL_MS)
-                    while self._ctrl[0].completed:
+                    self._w.progress(POLL_MS)
+                    while self._posted_ctrl().completed:
                         self._on_ctrl()
                     self._advance()
                     if time.monotonic() - reaped > _REAP_EVERY_S:
                         reaped = time.monotonic()
                         self._reap_dead_clients()
-                except Exception:               # a bug: keep serving the other clients
+                except Exception:  # noqa: BLE001 - a bug: keep serving the other clients
                     _log.exception("ucx: the daemon's loop failed; it carries on")
                     self._stopping.wait(0.1)
         finally:
             for client in self._clients.values():
-                self._ucx.close(client)
+                self._w.close(client)
             self._clients.clear()
             self._batches.clear()
-            self._ucx.settle(0.5)
+            self._w.settle(0.5)
 
     def _post_ctrl(self) -> None:
         """Receive the next request from any client (CTRL is the low byte of the tag)."""
-        ucx = self._ucx
+        ucx = self._w
         arr = ucx.Array(self._ctrl_buf)
         self._ctrl = ucx.worker.tag_recv(arr, ucx.L.UCXXTag(KIND_CTRL), ucx.L.UCXXTagMask(0xFF)), arr
 
+    def _posted_ctrl(self) -> Any:
+        assert self._ctrl is not None, "no control receive posted"
+        return self._ctrl[0]
+
     def _on_ctrl(self) -> None:
         try:
-            self._ctrl[0].check_error()
-        except Exception as exc:                # noqa: BLE001 - e.g. truncated: over MAX_CTRL_BYTES
+            self._posted_ctrl().check_error()
+        except Exception as exc:  # noqa: BLE001 - e.g. truncated: over MAX_CTRL_BYTES
             _log.warning("ucx: dropped a malformed request (%s)", exc)
         else:
             self._handle(memoryview(self._ctrl_buf))
@@ -145,28 +185,34 @@ class UcxServer(TransportServer):
             return
         try:
             self._serve(message, op, id_len, count, conn_id, seq)
-        except Exception as exc:                # noqa: BLE001 - UCX failed on this client's endpoint
-            _log.warning("ucx: serving connection %d failed (%s: %s); dropping it", conn_id,
-                         type(exc).__name__, exc)
+        except Exception as exc:  # noqa: BLE001 - UCX failed on this client's endpoint
+            _log.warning("ucx: serving connection %d failed (%s: %s); dropping it", conn_id, type(exc).__name__, exc)
             self._drop(conn_id)
 
     def _serve(self, message: memoryview, op: int, id_len: int, count: int, conn_id: int, seq: int) -> None:
         """Check a READ or WRITE request's grants, then start it or refuse it."""
         if op not in (OP_READ, OP_WRITE) or not 0 < id_len <= MAX_SEGMENT_ID_BYTES or count > MAX_ITEMS:
-            self._send_status(conn_id, seq, encode_status(
-                ErrorCode.INVALID_ARGUMENT, f"malformed ucx request: op {op}, segment id of {id_len} bytes, "
-                                            f"{count} items"))
+            self._send_status(
+                conn_id,
+                seq,
+                encode_status(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"malformed ucx request: op {op}, segment id of {id_len} bytes, {count} items",
+                ),
+            )
             return
         mode = GrantMode.READ if op == OP_READ else GrantMode.WRITE
         try:
-            segment_id = bytes(message[HEADER.size:HEADER.size + id_len]).decode()
-            table = message[HEADER.size + id_len:HEADER.size + id_len + count * ITEM.size]
-            grants = [Grant(segment_id, o, n, GrantMode(m), e, mac) for o, n, m, e, mac in ITEM.iter_unpack(table)]
-            placed = [(self._checker.check(grant, mode), grant) for grant in grants]
-        except (KVStoreError, ValueError, struct.error) as exc:     # ValueError: bad UTF-8 or mode
+            segment_id = bytes(message[HEADER.size : HEADER.size + id_len]).decode()
+            table = message[HEADER.size + id_len : HEADER.size + id_len + count * ITEM.size]
+            grants = unpack_grants(segment_id, table)
+            placed = list(zip(self._checker.check_all(grants, mode), grants, strict=True))
+        except (KVStoreError, ValueError, struct.error) as exc:  # ValueError: bad UTF-8 or mode
             code = getattr(exc, "code", ErrorCode.INVALID_ARGUMENT)
             self._send_status(conn_id, seq, encode_status(code, str(exc)))
             return
+        # Counted when started: requests complete asynchronously on the worker, so they are not timed.
+        self.observer.transferred(self.name, mode, sum(g.length for g in grants), None)
         if mode is GrantMode.READ:
             self._serve_read(conn_id, seq, placed)
         else:
@@ -177,9 +223,9 @@ class UcxServer(TransportServer):
         try:
             pid, host_len, address_len = HELLO.unpack_from(message, HEADER.size)
             start = HEADER.size + HELLO.size
-            host = bytes(message[start:start + host_len]).decode()
-            ep = self._ucx.connect(bytes(message[start + host_len:start + host_len + address_len]))
-        except Exception as exc:                # noqa: BLE001 - a bad address: nowhere to answer
+            host = bytes(message[start : start + host_len]).decode()
+            ep = self._w.connect(bytes(message[start + host_len : start + host_len + address_len]))
+        except Exception as exc:  # noqa: BLE001 - a bad address: nowhere to answer
             _log.warning("ucx: dropped a malformed hello (%s)", exc)
             return
         while True:
@@ -189,7 +235,7 @@ class UcxServer(TransportServer):
         self._clients[self._next_id] = Peer(ep, pid, host == host_id())
         try:
             self._send_status(0, seq, encode_status(ErrorCode.OK, value=self._next_id), ep)
-        except Exception as exc:                # noqa: BLE001 - UCX failed on the new endpoint
+        except Exception as exc:  # noqa: BLE001 - UCX failed on the new endpoint
             _log.warning("ucx: answering a hello failed (%s); dropping the client", exc)
             self._drop(self._next_id)
 
@@ -200,13 +246,19 @@ class UcxServer(TransportServer):
             for segment, g in placed:
                 sources.append(segment.readable(g.offset, g.length))
         except (OSError, ValueError) as exc:
-            self._send_status(conn_id, seq, encode_status(ErrorCode.INTERNAL,
-                                                          f"loading the requested bytes failed: {exc}"))
+            self._send_status(
+                conn_id, seq, encode_status(ErrorCode.INTERNAL, f"loading the requested bytes failed: {exc}")
+            )
             return
         self._send_status(conn_id, seq, encode_status(ErrorCode.OK))
-        batch = _Batch(conn_id, time.monotonic() + _BATCH_TIMEOUT_S)
-        batch.to_send.extend((piece, tag(conn_id, seq + 2 + j, KIND_DATA))
-                             for j, (_, piece) in enumerate(pieces(sources)))
+        # Pieces sent after the grants expire could carry another key's bytes: the client is
+        # dropped at the first grant's expiry (or the batch timeout, if sooner).
+        batch = _Batch(
+            conn_id, min(time.monotonic() + _BATCH_TIMEOUT_S, self._checker.deadline([g for _, g in placed]))
+        )
+        batch.to_send.extend(
+            (piece, tag(conn_id, seq + 2 + j, KIND_DATA)) for j, (_, piece) in enumerate(pieces(sources))
+        )
         self._batches.append(batch)
 
     def _serve_write(self, conn_id: int, seq: int, placed: list[tuple[SegmentStorage, Grant]]) -> None:
@@ -214,27 +266,24 @@ class UcxServer(TransportServer):
         (see _advance), store the bounced ones and send the final status."""
         # Receives armed in segment memory must not outlive the grants: the space may be handed
         # to another key once a write grant expires.
-        expiry_s = min(g.expires_ms for _, g in placed) / 1000 - time.time() if placed else _BATCH_TIMEOUT_S
-        batch = _Batch(conn_id, time.monotonic() + max(0.0, min(_BATCH_TIMEOUT_S, expiry_s)))
-        targets, bounced = [], []
-        for segment, g in placed:
-            view = segment.view(g.offset, g.length)
-            if view is None:
-                view = memoryview(bytearray(g.length))
-                bounced.append((segment, g.offset, view))
-            targets.append(view)
+        batch = _Batch(
+            conn_id, min(time.monotonic() + _BATCH_TIMEOUT_S, self._checker.deadline([g for _, g in placed]))
+        )
+        landing = Landing((segment, g.offset, g.length) for segment, g in placed)
         ep = self._clients[conn_id].ep
-        batch.requests = [self._ucx.recv(ep, piece, tag(conn_id, seq + 2 + j, KIND_DATA))
-                          for j, (_, piece) in enumerate(pieces(targets))]
+        batch.requests = [
+            self._w.recv(ep, piece, tag(conn_id, seq + 2 + j, KIND_DATA))
+            for j, (_, piece) in enumerate(pieces(landing.views))
+        ]
 
         def store(requests: list[tuple[Any, Any]]) -> None:
             try:
                 for request, _ in requests:
                     request.check_error()
-                for segment, offset, data in bounced:
-                    segment.write_from(offset, data)
-                status = encode_status(ErrorCode.OK)
-            except Exception as exc:            # noqa: BLE001 - reported to the client
+                landing.finish()
+                # The OK of a write carries a receipt per grant, for the writer's PutEnd.
+                status = encode_status(ErrorCode.OK, b"".join(self._checker.receipt(g) for _, g in placed))
+            except Exception as exc:  # noqa: BLE001 - reported to the client
                 status = encode_status(ErrorCode.INTERNAL, f"storing the written bytes failed: {exc}")
             self._send_status(conn_id, seq + 1, status)
 
@@ -248,24 +297,30 @@ class UcxServer(TransportServer):
             if client is None:
                 return
             ep = client.ep
-        self._batches.append(_Batch(conn_id, time.monotonic() + _BATCH_TIMEOUT_S,
-                                    requests=[self._ucx.send(ep, status, tag(conn_id, seq, KIND_STATUS))]))
+        self._batches.append(
+            _Batch(
+                conn_id,
+                time.monotonic() + _BATCH_TIMEOUT_S,
+                requests=[self._w.send(ep, status, tag(conn_id, seq, KIND_STATUS))],
+            )
+        )
 
     def _advance(self) -> None:
         """Move every batch on: send more pieces within the window, finish those whose requests
         all completed, drop clients whose batch ran out of time."""
-        batches, self._batches = self._batches, []     # finishing one may start another
+        batches, self._batches = self._batches, []  # finishing one may start another
         now, still, expired = time.monotonic(), [], set()
         for batch in batches:
             client = self._clients.get(batch.conn_id)
             if batch.conn_id and client is None:
-                continue                                # its client was dropped
+                continue  # its client was dropped
             try:
                 if self._step(batch, client):
                     continue
-            except Exception as exc:                    # noqa: BLE001 - UCX failed on this client
-                _log.warning("ucx: a transfer with connection %d failed (%s: %s)", batch.conn_id,
-                             type(exc).__name__, exc)
+            except Exception as exc:  # noqa: BLE001 - UCX failed on this client
+                _log.warning(
+                    "ucx: a transfer with connection %d failed (%s: %s)", batch.conn_id, type(exc).__name__, exc
+                )
                 expired.add(batch.conn_id)
                 continue
             if now > batch.deadline:
@@ -279,13 +334,13 @@ class UcxServer(TransportServer):
 
     def _step(self, batch: _Batch, client: Peer | None) -> bool:
         """Send more of a read's pieces, within the window; True once the batch is finished."""
-        if batch.to_send:                               # completed sends need no more care
+        if batch.to_send:  # completed sends need no more care
             batch.requests = [r for r in batch.requests if not r[0].completed]
             in_flight = sum(arr.nbytes for _, arr in batch.requests)
-            while batch.to_send and (not batch.requests
-                                     or in_flight + batch.to_send[0][0].nbytes <= self._window):
+            while batch.to_send and (not batch.requests or in_flight + batch.to_send[0][0].nbytes <= self._window):
                 piece, tag_ = batch.to_send.popleft()
-                batch.requests.append(self._ucx.send(client.ep, piece, tag_))
+                assert client is not None, "a read's batch belongs to a client"
+                batch.requests.append(self._w.send(client.ep, piece, tag_))
                 in_flight += piece.nbytes
         if batch.to_send or not all(r[0].completed for r in batch.requests):
             return False
@@ -299,8 +354,8 @@ class UcxServer(TransportServer):
         client = self._clients.pop(conn_id, None)
         if client is not None:
             try:
-                self._ucx.close(client)
-            except Exception as exc:            # noqa: BLE001 - nothing more to do for it
+                self._w.close(client)
+            except Exception as exc:  # noqa: BLE001 - nothing more to do for it
                 _log.warning("ucx: closing connection %d failed: %s", conn_id, exc)
         self._batches = [b for b in self._batches if b.conn_id != conn_id]
 

@@ -119,6 +119,46 @@ class MetaServiceStub:
                 request_serializer=kvstore_dot_v1_dot_meta__pb2.ServiceInfoRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_meta__pb2.ServiceInfoResponse.FromString,
                 _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/kvstore.v1.MetaService/ListKeys',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.ListKeysResponse.FromString,
+                _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/kvstore.v1.MetaService/Describe',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.DescribeResponse.FromString,
+                _registered_method=True)
+        self.TenantAdd = channel.unary_unary(
+                '/kvstore.v1.MetaService/TenantAdd',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.TenantAddRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.TenantAddResponse.FromString,
+                _registered_method=True)
+        self.TenantToken = channel.unary_unary(
+                '/kvstore.v1.MetaService/TenantToken',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.TenantTokenRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.TenantTokenResponse.FromString,
+                _registered_method=True)
+        self.TenantRevoke = channel.unary_unary(
+                '/kvstore.v1.MetaService/TenantRevoke',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.TenantRevokeRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.TenantRevokeResponse.FromString,
+                _registered_method=True)
+        self.TenantList = channel.unary_unary(
+                '/kvstore.v1.MetaService/TenantList',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.TenantListRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.TenantListResponse.FromString,
+                _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/kvstore.v1.MetaService/Reserve',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.ReserveResponse.FromString,
+                _registered_method=True)
+        self.PutCommit = channel.unary_unary(
+                '/kvstore.v1.MetaService/PutCommit',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.PutCommitRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.PutCommitResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -226,6 +266,54 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Describe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TenantAdd(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TenantToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TenantRevoke(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TenantList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -313,6 +401,46 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.ServiceInfo,
                     request_deserializer=kvstore_dot_v1_dot_meta__pb2.ServiceInfoRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_meta__pb2.ServiceInfoResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.ListKeysRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.ListKeysResponse.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.DescribeRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.DescribeResponse.SerializeToString,
+            ),
+            'TenantAdd': grpc.unary_unary_rpc_method_handler(
+                    servicer.TenantAdd,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.TenantAddRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.TenantAddResponse.SerializeToString,
+            ),
+            'TenantToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.TenantToken,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.TenantTokenRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.TenantTokenResponse.SerializeToString,
+            ),
+            'TenantRevoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.TenantRevoke,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.TenantRevokeRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.TenantRevokeResponse.SerializeToString,
+            ),
+            'TenantList': grpc.unary_unary_rpc_method_handler(
+                    servicer.TenantList,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.TenantListRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.TenantListResponse.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.ReserveRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.ReserveResponse.SerializeToString,
+            ),
+            'PutCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutCommit,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.PutCommitRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.PutCommitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -774,6 +902,222 @@ class MetaService:
             '/kvstore.v1.MetaService/ServiceInfo',
             kvstore_dot_v1_dot_meta__pb2.ServiceInfoRequest.SerializeToString,
             kvstore_dot_v1_dot_meta__pb2.ServiceInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/ListKeys',
+            kvstore_dot_v1_dot_meta__pb2.ListKeysRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.ListKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/Describe',
+            kvstore_dot_v1_dot_meta__pb2.DescribeRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TenantAdd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/TenantAdd',
+            kvstore_dot_v1_dot_meta__pb2.TenantAddRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.TenantAddResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TenantToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/TenantToken',
+            kvstore_dot_v1_dot_meta__pb2.TenantTokenRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.TenantTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TenantRevoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/TenantRevoke',
+            kvstore_dot_v1_dot_meta__pb2.TenantRevokeRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.TenantRevokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TenantList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/TenantList',
+            kvstore_dot_v1_dot_meta__pb2.TenantListRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.TenantListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/Reserve',
+            kvstore_dot_v1_dot_meta__pb2.ReserveRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.ReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/PutCommit',
+            kvstore_dot_v1_dot_meta__pb2.PutCommitRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.PutCommitResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,7 +12,8 @@ from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ChecksumMismatch, KeyNotFound, TransportError
 from tests.cluster import wait_until
-from tests.conformance.conftest import FAST_LIVENESS, SERVE_ALL
+from tests.conformance.conftest import FAST_LIVENESS, GPU_TIERS, SERVE_ALL, _tls
+from tests.inprocess import InProcessStore
 
 SIZES = [1, 7, 4096, 65_539, 1 << 20, (16 << 20) + 5, 64 << 20]
 
@@ -65,12 +66,12 @@ def test_get_many_into_reports_misses_without_raising(client):
     assert results[0] == 10 and isinstance(results[1], KeyNotFound)
 
 
-def test_eight_concurrent_clients(shared_cluster, transport):
+def test_eight_concurrent_clients(store, transport, client_config):
     errors = []
 
     def worker(n: int) -> None:
         try:
-            with KVClient(shared_cluster, ClientConfig(transports=(transport,))) as c:
+            with KVClient(store, client_config()) as c:
                 keys = [f"conc-{transport}-{n}-{i}" for i in range(50)]
                 values = [payload(n * 1000 + i, 1000 + 37 * i) for i in range(50)]
                 c.put_many(keys, values)
@@ -87,16 +88,16 @@ def test_eight_concurrent_clients(shared_cluster, transport):
     assert not errors, errors
 
 
-def test_corrupted_replica_is_detected(client, settle):
-    from kvstore import wire
-    from kvstore.v1 import meta_pb2 as pb
-
+def test_corrupted_replica_is_detected(client, settle, tier):
+    if tier in GPU_TIERS:
+        pytest.skip("GPU memory is reachable only inside its daemon: tests/integration/test_gpu_tier.py "
+                    "corrupts it in process")
     key = f"{ns()}/corrupt"
     client.put(key, payload(1, 4096))
     settle(client)
-    resp = client._rpc("Get", pb.GetRequest(keys=[key]))
-    grant = resp.results[0].replicas[0]
-    seg = wire.segments_by_id(resp.segments)[grant.segment_id]
+    reply = client.meta.get([key])
+    grant = reply.results[0].grants[0]
+    seg = reply.segments[grant.segment_id]
     path = seg.endpoint("shm").address.split("|")[-1]
     with open(path, "r+b") as fh:
         fh.seek(grant.offset + 100)
@@ -107,10 +108,41 @@ def test_corrupted_replica_is_detected(client, settle):
         client.get(key)
 
 
-def test_killed_daemon_fails_fast_and_restart_is_picked_up(cluster, transport):
-    _, address = cluster.meta(FAST_LIVENESS)
-    daemon = cluster.daemon(address, "64MiB", FAST_LIVENESS, *SERVE_ALL)
-    cfg = ClientConfig(transports=(transport,), timeout_s=3.0)
+def assert_the_new_daemon_serves(client: KVClient) -> None:
+    """After the daemon holding "before" went and another came: its segments are dropped, and
+    the same client object is served by the new one."""
+    wait_until(lambda: len(client.stats().daemons) == 1 and client.stats().keys == 0,
+               what="the gone daemon's segments to be dropped")
+    with pytest.raises(KeyNotFound):
+        client.get("before")
+    client.put("after", b"y" * 100_000)
+    assert client.get("after") == b"y" * 100_000
+
+
+def test_stopped_data_plane_fails_fast_and_restart_is_picked_up_in_process():
+    """inproc's form of the killed-daemon case (a daemon in the test's own process cannot be
+    SIGKILLed): its data plane stops while its segments stay mounted, then it goes and another
+    daemon comes."""
+    with InProcessStore(FAST_LIVENESS, dram_size=64 << 20) as store, \
+            KVClient(store.address, ClientConfig(transports=("inproc",), timeout_s=3.0)) as client:
+        client.put("before", b"x" * 100_000)
+        for server in store.daemon.servers:
+            server.stop()
+        with pytest.raises(TransportError):
+            client.get("before")                    # at once: no replica is reachable
+        store.daemon.stop()
+        store.add_daemon(dram_size=64 << 20)
+        assert_the_new_daemon_serves(client)
+
+
+def test_killed_daemon_fails_fast_and_restart_is_picked_up(cluster, transport, pki):
+    if transport == "inproc":
+        pytest.skip("a daemon in the test's own process cannot be SIGKILLed: "
+                    "test_stopped_data_plane_fails_fast_and_restart_is_picked_up_in_process is its form")
+    meta_tls, daemon_tls = _tls(pki)
+    _, address = cluster.meta(FAST_LIVENESS, *meta_tls)
+    daemon = cluster.daemon(address, "64MiB", FAST_LIVENESS, *SERVE_ALL, *daemon_tls)
+    cfg = ClientConfig(transports=(transport,), timeout_s=3.0, tls_ca=pki.ca)
     with KVClient(address, cfg) as client:
         client.put("before", b"x" * 100_000)
         daemon.kill()
@@ -119,10 +151,5 @@ def test_killed_daemon_fails_fast_and_restart_is_picked_up(cluster, transport):
             client.get("before")
         assert time.monotonic() - started < 2 * cfg.timeout_s   # failed, not hung
 
-        cluster.daemon(address, "64MiB", FAST_LIVENESS, *SERVE_ALL)
-        wait_until(lambda: len(client.stats().daemons) == 1 and client.stats().keys == 0,
-                   what="the dead daemon's segments to be dropped")
-        with pytest.raises(KeyNotFound):
-            client.get("before")
-        client.put("after", b"y" * 100_000)                # same client object, new daemon
-        assert client.get("after") == b"y" * 100_000
+        cluster.daemon(address, "64MiB", FAST_LIVENESS, *SERVE_ALL, *daemon_tls)
+        assert_the_new_daemon_serves(client)

@@ -98,6 +98,9 @@ def test_missing_kv_is_recomputed_and_counted(model):
     prompt = tokens(200, seed=5)
     gen = run(decode, prompt, expected=192)                      # the router promised 12 blocks
     assert gen.metrics.fallback == "miss" and gen.metrics.prefill_tokens == 200
+    m = gen.metrics
+    # no load was tried; the decode instance saved its output's blocks back (and that worked)
+    assert (m.kv_lookup_failed, m.kv_load_failed, m.kv_save_failed, m.kv_missing_tokens) == (False, None, False, 192)
     assert gen.tokens == run(engine(model, Role.COLOCATED), prompt).tokens
 
 
@@ -110,6 +113,7 @@ def test_failed_transfers_fall_back_part_way(model):
     pre, dec = pd(prefill, decode, tokens(330, seed=6))
     assert dec.metrics.fallback == "injected"
     assert dec.metrics.cached_tokens < 320 and dec.metrics.prefill_tokens == 330 - dec.metrics.cached_tokens
+    assert dec.metrics.kv_load_failed and dec.metrics.kv_missing_tokens == 320 - dec.metrics.cached_tokens
     assert dec.tokens == want
     store.fail_keys.add(prefill.scheme.key(prefill.scheme.block_hashes(tokens(330, seed=6))[4], 2))
     decode.connector.faults.configure(0.0)
@@ -144,7 +148,11 @@ def test_an_unreachable_store_is_a_fallback_not_an_error(model, cluster):
         want = run(engine(model, Role.COLOCATED), prompt).tokens
         pre, dec = pd(prefill, decode, prompt)
         assert dec.tokens == want and dec.metrics.fallback is None
+        assert (pre.metrics.kv_lookup_failed, pre.metrics.kv_save_failed) == (False, False)
+        assert (dec.metrics.kv_lookup_failed, dec.metrics.kv_missing_tokens) == (False, 0)
         proc.kill()
         pre, dec = pd(prefill, decode, prompt)
         assert pre.kv_transfer_params["save_error"] and pre.kv_transfer_params["cached_tokens"] == 0
+        assert (pre.metrics.kv_lookup_failed, pre.metrics.kv_save_failed) == (True, True)
         assert dec.tokens == want and dec.metrics.fallback == "unavailable"
+        assert (dec.metrics.kv_lookup_failed, dec.metrics.kv_missing_tokens, dec.metrics.cached_tokens) == (True, 96, 0)

@@ -80,6 +80,26 @@ def test_future_arrivals_at_the_colocated_instance_count():
     assert p.decide(RouteRequest(2000), POOLS, {}).route is Route.PD
 
 
+def test_every_decision_explains_its_estimate():
+    p, _ = policy()
+    p.telemetry.record_transfer(nbytes=50_000_000, seconds=0.5)               # measured: 100 MB/s
+    loads = {"C": InstanceLoad(requests=3, tokens=800), "P1": InstanceLoad(1, 200), "P2": InstanceLoad(1, 200)}
+    for req, rule in ((RouteRequest(300), "short"), (RouteRequest(4000), "cost"), (RouteRequest(2000, 1950), "cached")):
+        d = p.decide(req, POOLS, loads)
+        assert d.rule == rule
+        if rule == "cached":
+            assert d.estimate is None
+            continue
+        est = d.estimate
+        n_local = req.uncached_tokens
+        assert est.kv_bytes == (req.prompt_tokens + n_local) * MODEL.kv_bytes_per_token
+        assert est.bandwidth == 100e6 and est.transfer_s == pytest.approx(est.kv_bytes / 100e6)
+        assert est.queue_saved_s == pytest.approx((800 - 200) / MODEL.default_prefill_tps)
+        assert est.saved_s == pytest.approx(est.compute_saved_s + est.queue_saved_s + est.interference_saved_s)
+        assert (d.transfer_s, d.saved_s) == (est.transfer_s, est.saved_s)
+        assert "100 MB/s" in d.reason and "interference" in d.reason
+
+
 def test_a_full_prefill_queue_sends_work_to_colocated():
     p, _ = policy()
     full = {u: InstanceLoad(MODEL.max_prefill_queue, 8000) for u in POOLS.prefill}
@@ -124,7 +144,8 @@ def _cost(req: RouteRequest, route: Route, loads, t: Telemetry, pools=POOLS) -> 
     def delay(inst, k):
         lo = loads.get(inst, InstanceLoad())
         busy = k / tps
-        return lo.tokens / tps + m.interference_weight * (busy * lo.requests + t.arrival_rate(inst) * busy ** 2 / 2)
+        streams = 0 if inst in pools.prefill else lo.requests
+        return lo.tokens / tps + m.interference_weight * (busy * streams + t.arrival_rate(inst) * busy ** 2 / 2)
     if route is Route.PD:
         return u / tps + link(2 * n) + delay("P1", u)
     return u / tps + link(n - u) + delay("C", u)

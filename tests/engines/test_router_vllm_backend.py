@@ -25,7 +25,9 @@ class FakeVLLM:
     """Two vLLM OpenAI servers: `sent` records each request body by (host, path)."""
 
     def __init__(self, *, token_ids: bool = True, tokenize: bool = True, decode_fails_with_params: bool = False,
-                 prefill_status: int = 200, decode_status: int = 200, models: dict[str, str] | None = None) -> None:
+                 prefill_status: int = 200, decode_status: int = 200, models: dict[str, str] | None = None,
+                 params: dict[str, Any] = PARAMS) -> None:
+        self.params = params
         self.token_ids = token_ids
         self.tokenize = tokenize
         self.decode_fails_with_params = decode_fails_with_params
@@ -52,7 +54,7 @@ class FakeVLLM:
                 return httpx.Response(self.prefill_status, json={"error": {"message": "prefill broke"}})
             return httpx.Response(200, json={"choices": [{"index": 0, "text": " ka", "finish_reason": "length"}],
                                              "usage": {"prompt_tokens": 100, "completion_tokens": 1},
-                                             "kv_transfer_params": PARAMS})
+                                             "kv_transfer_params": self.params})
         if self.decode_status != 200:
             return httpx.Response(self.decode_status, json={"error": {"message": "bad max_tokens",
                                                                       "type": "BadRequestError"}})
@@ -112,6 +114,10 @@ def test_pd_prefills_with_one_token_and_hands_kv_transfer_params_to_decode():
     assert rec["route"] == "pd" and rec["prompt_tokens"] == 100 and rec["output_tokens"] == 3
     assert rec["prefill_tokens"] == 100 and rec["prefill_compute_s"] > 0 and rec["ttft_s"] > 0
     assert rec["fallback"] is None and rec["error"] is None
+    assert (rec["kv_save_failed"], rec["kv_lookup_failed"], rec["kv_missing_tokens"]) == (False, None, None)
+    # What the decode instance loaded or recomputed is not in vLLM's stream: unknown, not 0.
+    for unmeasured in ("cached_tokens", "recompute_tokens", "kv_load_bytes", "kv_load_s", "kv_load_failed"):
+        assert rec[unmeasured] is None, unmeasured
     assert router.telemetry.prefill_tps() != router.telemetry.model.default_prefill_tps   # measured
     assert all(load.requests == 0 and load.tokens == 0 for load in router.loads().values())
 
@@ -172,3 +178,31 @@ def test_malformed_prompts_are_refused_before_any_instance_is_asked():
 def test_instances_serving_different_models_are_refused():
     with pytest.raises(SchemeConflict, match="different models"):
         serve(FakeVLLM(models={"prefill": "a", "decode": "b"}), BODY)
+
+
+def test_a_prefill_whose_saves_failed_hands_over_nothing_and_says_so():
+    """Issue 18: the connector reports that kvstore holds none of the blocks (a dead store): the
+    decode instance is not told to wait for them, and the record and counters show the fallback."""
+    failed = {"kvstore_blocks": 0, "kvstore_block_size": 32, "kvstore_lookup_failed": True,
+              "kvstore_save_error": "kvstore did not answer: the saves are unconfirmed"}
+    fake = FakeVLLM(params=failed)
+    events, router = serve(fake, BODY)
+    (decode,) = fake.bodies("decode")
+    assert "kv_transfer_params" not in decode
+    rec = events[-1]["kvstore"]
+    assert rec["route"] == "pd" and rec["fallback"] == "save_failed" and rec["error"] is None
+    assert (rec["kv_save_failed"], rec["kv_lookup_failed"], rec["kv_missing_tokens"]) == (True, True, 96)
+    assert rec["recompute_tokens"] is None and rec["kv_load_bytes"] is None
+    assert router.sink.fallbacks() == 1
+    text = router.sink.exposition().decode()
+    assert 'kvstore_router_kv_failures_total{stage="save"} 1.0' in text
+    assert 'kvstore_router_tokens_total{kind="kv_missing"} 96.0' in text
+
+
+def test_a_partly_stored_prefill_promises_what_kvstore_holds():
+    partial = {**PARAMS, "kvstore_blocks": 1, "kvstore_save_error": "kvstore holds 1 of the 3 blocks saved"}
+    fake = FakeVLLM(params=partial)
+    events, _ = serve(fake, BODY)
+    assert fake.bodies("decode")[0]["kv_transfer_params"] == partial
+    rec = events[-1]["kvstore"]
+    assert rec["fallback"] == "save_failed" and rec["kv_missing_tokens"] == 96 - 32

@@ -37,9 +37,11 @@ def complete(url: str, tokens: list[int], max_tokens: int = 10, stream: bool = F
     return last
 
 
-def metric(url: str, name: str) -> float:
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus metric's samples whose labels include `labels`."""
     text = httpx.get(f"{url}/metrics").text
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    return sum(float(v) for found, v in re.findall(rf"^{name}(\{{[^}}]*\}})? (\S+)$", text, re.M)
+               if all(f'{k}="{val}"' in found for k, val in labels.items()))
 
 
 @pytest.fixture
@@ -102,4 +104,59 @@ def test_killing_the_storage_daemon_mid_run_still_completes_every_request(fleet,
     later = [results[i]["kvstore"]["fallback"] for i in range(5, 8)]
     assert all(later), later
     assert metric(router, "kvstore_router_fallbacks_total") >= 3
-    assert metric(decode, "kvstore_engine_fallbacks_total") >= 3
+    # The prefill instance's saves fail, so the decode instance is promised nothing: it recomputes
+    # (measured), and the failure is counted where it happened.
+    assert metric(prefill, "kvstore_engine_kv_failures_total", stage="save") >= 3
+    for i in range(5, 8):
+        rec = results[i]["kvstore"]
+        assert rec["kv_save_failed"] and rec["recompute_tokens"] == rec["prompt_tokens"], rec
+
+
+def test_a_dead_store_shows_in_every_record_and_counter(fleet):
+    """Issue 18: kill `kvstore serve` mid-run. Every request still completes with colocated's
+    tokens, and no record reads as a healthy PD request: each after the kill names its fallback,
+    what failed (the lookups, the save), and the decode instance's measured recompute."""
+    store, meta = fleet.store("256MiB")
+    kv = ("--kv-transports", "tcp", "--kv-timeout", "2")
+    _, prefill = fleet.engine("prefill", meta, *kv)
+    _, decode = fleet.engine("decode", meta, *kv)
+    _, colocated = fleet.engine("colocated")
+    _, router = fleet.router([prefill], [decode], [colocated], meta, "--policy", "pd")
+    prompts = [prompt(200 + 30 * i, seed=40 + i) for i in range(8)]
+    want = {i: complete(colocated, p)["choices"][0]["token_ids"] for i, p in enumerate(prompts)}
+    healthy = complete(router, prompts[0], stream=True)["kvstore"]
+    assert healthy["fallback"] is None and healthy["kv_missing_tokens"] == 0, healthy
+    assert (healthy["kv_lookup_failed"], healthy["kv_save_failed"], healthy["kv_load_failed"]) == (False, False, False)
+    assert healthy["cached_tokens"] == (200 - 1) // 16 * 16 and healthy["recompute_tokens"] == 200 - healthy["cached_tokens"]
+
+    first_done = threading.Event()
+
+    def send(i: int) -> dict:
+        out = complete(router, prompts[i], stream=True)
+        first_done.set()
+        return out
+
+    with ThreadPoolExecutor(4) as pool:
+        in_flight = [pool.submit(send, i) for i in range(1, 5)]
+        first_done.wait(120)
+        store.kill()                                                            # mid-run
+        results = {i: f.result() for i, f in zip(range(1, 5), in_flight)}
+    for i in range(5, 8):                                                       # after the kill
+        results[i] = complete(router, prompts[i], stream=True)
+    for i, r in results.items():
+        rec = r["kvstore"]
+        assert r["choices"][0]["token_ids"] == want[i], i
+        assert rec["error"] is None and rec["route"] == "pd"
+        assert rec["cached_tokens"] + rec["recompute_tokens"] == rec["prompt_tokens"], rec    # all measured
+        assert (rec["fallback"] is None) == (rec["kv_missing_tokens"] == 0), rec
+    for i in range(5, 8):
+        rec = results[i]["kvstore"]
+        assert rec["fallback"] == "save_failed" and rec["kv_save_failed"] and rec["kv_lookup_failed"], rec
+        assert rec["recompute_tokens"] == rec["prompt_tokens"] and rec["kv_load_bytes"] == 0
+        assert rec["kv_missing_tokens"] == (rec["prompt_tokens"] - 1) // 16 * 16
+    assert metric(router, "kvstore_router_fallbacks_total") >= 3
+    for stage, url in (("lookup", router), ("save", router), ("save", prefill), ("lookup", decode)):
+        assert metric(url, "kvstore_router_kv_failures_total" if url == router else "kvstore_engine_kv_failures_total",
+                      stage=stage) >= 3, (stage, url)
+    assert metric(router, "kvstore_router_tokens_total", kind="kv_missing") >= sum(
+        results[i]["kvstore"]["kv_missing_tokens"] for i in range(5, 8))

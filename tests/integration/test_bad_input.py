@@ -13,6 +13,7 @@ from kvstore.errors import InvalidArgument, KeyBusy, KeyNotFound, NoSpace, Permi
 from kvstore.types import Grant, GrantMode
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
+from tests.cluster import authed_channel
 
 COMMITTED = {f"keep/{i}": bytes([i]) * (1000 + i) for i in range(20)}
 
@@ -39,7 +40,7 @@ def client(served):
 
 
 def raw_stub(address):
-    return pb_grpc.MetaServiceStub(grpc.insecure_channel(address))
+    return pb_grpc.MetaServiceStub(authed_channel(address))
 
 
 @pytest.mark.parametrize("key", ["", "k" * 1025])
@@ -97,7 +98,7 @@ def test_full_store_with_everything_leased_is_no_space(client):
     written = []
 
     def lease(keys):                           # a Get whose reader is still copying: leased
-        client._rpc("Get", pb.GetRequest(keys=keys))
+        client.meta.get(keys)
 
     lease(list(COMMITTED))                     # a full store would evict them otherwise
     with pytest.raises(NoSpace):
@@ -131,7 +132,7 @@ def test_garbage_on_the_daemon_port(client, junk):
 
 
 def test_forged_expired_and_out_of_range_grants(client):
-    from kvstore.transport.tcp import TcpTransport
+    from kvstore.transport.tcp_client import TcpTransport
 
     seg, _ = _tcp_address(client)
     info = [s for d in client.stats().daemons for s in d.segments if s.segment_id == seg.segment_id][0]

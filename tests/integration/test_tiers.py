@@ -8,8 +8,6 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import KVStoreError
-from kvstore.v1 import meta_pb2 as pb
-from kvstore import wire
 from tests.cluster import wait_until
 from tests.workers import block
 
@@ -104,10 +102,10 @@ def test_ssd_blocks_survive_daemon_restart_and_corruption_is_dropped(cluster, tm
         # DRAM settles anywhere below its high watermark (up to 25 of these blocks, depending on
         # when the meta's tick lands), so only 40 - 25 = 15 blocks are sure to reach SSD.
         wait_until(lambda: tier_stats(c)["ssd"].blocks >= 10, what="blocks on SSD")
-        resp = c._rpc("Get", pb.GetRequest(keys=keys))
-        segments = wire.segments_by_id(resp.segments)
-        on_ssd = [(k, r.replicas[0]) for k, r in zip(keys, resp.results)
-                  if segments[r.replicas[0].segment_id].tier.value == "ssd"]
+        reply = c.meta.get(keys)
+        segments = reply.segments
+        on_ssd = [(k, r.grants[0]) for k, r in zip(keys, reply.results)
+                  if segments[r.grants[0].segment_id].tier.value == "ssd"]
     victim, grant = on_ssd[0]
     daemon.kill()
     data_file = segments[grant.segment_id].endpoint("shm").address.split("|")[-1]

@@ -6,8 +6,10 @@ from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.grant import GrantSigner
-from kvstore.meta.store import REVOKE_GRACE_S, MetaStore
+from kvstore.meta.state import GRACE_S as REVOKE_GRACE_S
+from kvstore.meta.store import MetaStore
 from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier
+from tests.meta_helpers import HOST, SIGNER, commit, segment
 
 SEG = 64 * 1024
 
@@ -20,37 +22,36 @@ def clock():
 @pytest.fixture
 def store(clock):
     cfg = MetaConfig(lease_ttl_s=5, put_lease_ttl_s=10, heartbeat_ttl_s=10, high_watermark=0.9, low_watermark=0.5)
-    s = MetaStore(cfg, GrantSigner(b"k" * 16), clock)
+    s = MetaStore(cfg, SIGNER, clock)
     yield s
     s.check_invariants()
 
 
 def mount(store, daemon="d1", seg="s1", capacity=SEG):
-    store.mount_segment(SegmentInfo(seg, daemon, Tier.DRAM, capacity, (Endpoint("tcp", "127.0.0.1:1"),)))
+    store.mount_segment(segment(seg, daemon, Tier.DRAM, capacity))
 
 
 def put(store, keys, size=1024, replicas=1):
-    res = store.put_start(keys, [size] * len(keys), replicas)
+    res = store.put_start(keys, [size] * len(keys), replicas).results
     store.check_invariants()
-    ok = [k for k, r in zip(keys, res) if r.code is ErrorCode.OK]
-    store.put_end(ok, [7] * len(ok))
+    commit(store, keys, res)
     store.check_invariants()
     return res
 
 
 def test_lifecycle_pending_complete_removed(store):
     mount(store)
-    [r] = store.put_start(["a"], [100])
+    [r] = store.put_start(["a"], [100]).results
     assert r.code is ErrorCode.OK and r.grants[0].mode is GrantMode.WRITE and r.grants[0].length == 100
     assert store.exists(["a"]) == [False]
-    assert store.get(["a"])[0].code is ErrorCode.KEY_BUSY
-    assert store.put_start(["a"], [100])[0].code is ErrorCode.KEY_BUSY
-    assert store.put_end(["a"], [42]) == [store.put_end(["a"], [42])[0]]
-    [g] = store.get(["a"])
+    assert store.get(["a"]).results[0].code is ErrorCode.KEY_BUSY
+    assert store.put_start(["a"], [100]).results[0].code is ErrorCode.KEY_BUSY
+    assert store.put_end(["a"], [42]).results == store.put_end(["a"], [42]).results  # asked twice: OK twice
+    [g] = store.get(["a"]).results
     assert (g.code, g.size, g.checksum) == (ErrorCode.OK, 100, 42)
-    assert store.put_start(["a"], [100])[0].code is ErrorCode.ALREADY_EXISTS
+    assert store.put_start(["a"], [100]).results[0].code is ErrorCode.ALREADY_EXISTS
     assert store.remove(["a"], force=True)[0].code is ErrorCode.OK
-    assert store.get(["a"])[0].code is ErrorCode.KEY_NOT_FOUND
+    assert store.get(["a"]).results[0].code is ErrorCode.KEY_NOT_FOUND
     store.check_invariants()
 
 
@@ -66,8 +67,8 @@ def test_bad_keys_and_sizes_are_invalid_argument(store):
     mount(store)
     for keys, sizes in ([[""], [1]], [["x" * 1025], [1]], [["a"], [0]], [["a", "b"], [1]]):
         with pytest.raises(InvalidArgument):
-            store.put_start(keys, sizes)
-    [r] = store.put_start(["huge"], [SEG + 1])
+            store.put_start(keys, sizes).results
+    [r] = store.put_start(["huge"], [SEG + 1]).results
     assert r.code is ErrorCode.INVALID_ARGUMENT and "larger than any segment" in r.message
 
 
@@ -76,7 +77,7 @@ def test_lru_eviction_order(store, clock):
     keys = [f"k{i}" for i in range(14)]
     for k in keys:
         put(store, [k], size=4096)
-    store.get(["k0"])                  # k0 becomes most recently used
+    store.get(["k0"]).results                  # k0 becomes most recently used
     clock.advance(6)                   # its read lease ends
     store.tick()
     put(store, ["n0", "n1"], size=4096)  # 16 blocks: past the high watermark
@@ -89,7 +90,7 @@ def test_lru_eviction_order(store, clock):
 def test_read_lease_protects_from_eviction_and_remove(store, clock):
     mount(store)
     put(store, ["old"], size=4096)
-    store.get(["old"])                 # lease for 5 s
+    store.get(["old"]).results                 # lease for 5 s
     assert store.remove(["old"])[0].code is ErrorCode.KEY_BUSY
     for i in range(20):
         put(store, [f"f{i}"], size=4096)
@@ -104,40 +105,40 @@ def test_read_lease_protects_from_eviction_and_remove(store, clock):
 def test_force_remove_keeps_a_leased_range_until_its_readers_are_done(store, clock):
     mount(store, capacity=4096)
     put(store, ["a"], size=4096)                 # fills the segment
-    [read] = store.get(["a"])[0].grants          # a reader is copying these bytes for 5 s
+    [read] = store.get(["a"]).results[0].grants          # a reader is copying these bytes for 5 s
     assert store.remove(["a"], force=True)[0].code is ErrorCode.OK
-    assert store.exists(["a"]) == [False] and store.get(["a"])[0].code is ErrorCode.KEY_NOT_FOUND
-    assert store.put_start(["b"], [4096])[0].code is ErrorCode.NO_SPACE   # never the reader's range
+    assert store.exists(["a"]) == [False] and store.get(["a"]).results[0].code is ErrorCode.KEY_NOT_FOUND
+    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.NO_SPACE   # never the reader's range
     store.check_invariants()
     clock.advance(5 + REVOKE_GRACE_S + 1)        # the lease, and the grace for late transfers
     store.tick()
-    [b] = store.put_start(["b"], [4096])
+    [b] = store.put_start(["b"], [4096]).results
     assert b.code is ErrorCode.OK and b.grants[0].offset == read.offset
-    store.put_end(["b"], [1])
+    store.put_end(["b"], [1]).results
 
 
 def test_a_released_lease_no_longer_holds_the_key(store, clock):
     mount(store)
     put(store, ["a"])
-    [first] = store.get(["a"])
-    [second] = store.get(["a"])                  # two readers: two leases
+    [first] = store.get(["a"]).results
+    [second] = store.get(["a"]).results                  # two readers: two leases
     assert first.lease_id != second.lease_id
     assert store.remove(["a"], released=[first.lease_id])[0].code is ErrorCode.KEY_BUSY
     assert store.remove(["a"], released=[second.lease_id, 12345])[0].code is ErrorCode.OK  # unknown ids: ignored
-    store.get(["b"], released=[first.lease_id])  # a release that comes twice changes nothing
+    store.get(["b"], released=[first.lease_id]).results  # a release that comes twice changes nothing
     store.check_invariants()
 
 
 def test_force_removed_space_is_freed_when_its_last_reader_releases(store, clock):
     mount(store, capacity=4096)
     put(store, ["a"], size=4096)
-    leases = [store.get(["a"])[0].lease_id for _ in range(2)]
+    leases = [store.get(["a"], client_host=HOST).results[0].lease_id for _ in range(2)]   # shm readers
     store.remove(["a"], force=True)
-    store.get([], released=leases[:1])
-    assert store.put_start(["b"], [4096])[0].code is ErrorCode.NO_SPACE   # one reader still copying
-    store.get([], released=leases[1:])
-    assert store.put_start(["b"], [4096])[0].code is ErrorCode.OK           # no tick needed
-    store.put_end(["b"], [1])
+    store.get([], released=leases[:1]).results
+    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.NO_SPACE   # one reader still copying
+    store.get([], released=leases[1:]).results
+    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.OK           # no tick needed
+    store.put_end(["b"], [1]).results
     store.tick()                                 # the retired record is not freed a second time
     store.check_invariants()
 
@@ -145,7 +146,7 @@ def test_force_removed_space_is_freed_when_its_last_reader_releases(store, clock
 def test_unmount_forgets_retired_space(store, clock):
     mount(store)
     put(store, ["a"])
-    store.get(["a"])
+    store.get(["a"]).results
     store.remove(["a"], force=True)
     store.unmount_segment("s1")
     store.check_invariants()
@@ -167,29 +168,29 @@ def test_nothing_evictable_is_no_space(store):
     mount(store)
     keys = [f"k{i}" for i in range(8)]
     put(store, keys, size=8192)
-    store.get(keys)                     # all leased
-    [r] = store.put_start(["more"], [8192])
+    store.get(keys).results                     # all leased
+    [r] = store.put_start(["more"], [8192]).results
     assert r.code is ErrorCode.NO_SPACE
 
 
 def test_unfinished_put_is_revoked_and_space_reclaimed(store, clock):
     mount(store)
-    store.put_start(["zombie"], [SEG // 2])
+    store.put_start(["zombie"], [SEG // 2]).results
     used = store.stats().used
     clock.advance(10 + REVOKE_GRACE_S + 0.1)
     store.heartbeat("d1", ["s1"])
     store.tick()
     store.check_invariants()
     assert store.stats().used == used - SEG // 2 and store.stats().revoked_puts == 1
-    assert store.put_end(["zombie"], [1])[0].code is ErrorCode.KEY_NOT_FOUND
-    assert store.put_start(["zombie"], [10])[0].code is ErrorCode.OK
+    assert store.put_end(["zombie"], [1]).results[0].code is ErrorCode.KEY_NOT_FOUND
+    assert store.put_start(["zombie"], [10]).results[0].code is ErrorCode.OK
 
 
 def test_stale_pending_put_does_not_block_the_key(store, clock):
     mount(store)
-    store.put_start(["k"], [10])
+    store.put_start(["k"], [10]).results
     clock.advance(10 + REVOKE_GRACE_S + 1)
-    assert store.put_start(["k"], [10])[0].code is ErrorCode.OK   # no tick needed
+    assert store.put_start(["k"], [10]).results[0].code is ErrorCode.OK   # no tick needed
 
 
 def test_silent_daemon_loses_its_segments(store, clock):
@@ -204,7 +205,7 @@ def test_silent_daemon_loses_its_segments(store, clock):
         store.check_invariants()
     assert {d.daemon_id for d in store.stats().daemons} == {"d1"}
     assert all(len(r.grants) == 1 and r.grants[0].segment_id == "s1"
-               for r in store.get([f"k{i}" for i in range(6)]))
+               for r in store.get([f"k{i}" for i in range(6)]).results)
     # a restarted daemon is told to mount again
     assert store.heartbeat("d2", ["s2"]) == ["s2"]
 

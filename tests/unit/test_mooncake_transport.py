@@ -5,6 +5,7 @@ hung mid-call."""
 from __future__ import annotations
 
 import importlib.util
+import mmap
 import os
 import signal
 import subprocess
@@ -20,14 +21,18 @@ if importlib.util.find_spec("mooncake") is None:
     pytest.skip("the mooncake transport needs the mooncake extra: pip install 'kvstore[mooncake]'",
                 allow_module_level=True)
 
+import numpy as np  # noqa: E402
+
 from kvstore.checksum import checksum  # noqa: E402
 from kvstore.config import DaemonConfig  # noqa: E402
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
 from kvstore.grant import GrantSigner  # noqa: E402
-from kvstore.transport import mooncake, mooncake_staging  # noqa: E402
+from kvstore.transport import mooncake_client, mooncake_staging  # noqa: E402
 from kvstore.transport.base import Transfer  # noqa: E402
-from kvstore.transport.mooncake import MooncakeServer, MooncakeTransport  # noqa: E402
+from kvstore.transport.mooncake_client import MooncakeTransport  # noqa: E402
+from kvstore.transport.mooncake_server import MooncakeServer  # noqa: E402
 from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier  # noqa: E402
+from tests.cluster import wait_until  # noqa: E402
 from tests.transport_harness import (CAPACITY, SECRET, BytesSegment, Daemon, deadline, get,  # noqa: E402
                                      later_ms, put, round_trips_from_threads)
 
@@ -81,7 +86,7 @@ def test_round_trip_is_byte_identical(daemon: Daemon, client: MooncakeTransport,
 def test_batches_are_split_into_staging_rounds_and_engine_calls(daemon: Daemon, client: MooncakeTransport,
                                                                 monkeypatch) -> None:
     monkeypatch.setattr(mooncake_staging, "STAGING_BYTES", 1 << 20)   # rounds of 1 MiB ...
-    monkeypatch.setattr(mooncake, "_MAX_ENTRIES", 64)         # ... of at most 64 entries per call
+    monkeypatch.setattr(mooncake_client, "_MAX_ENTRIES", 64)         # ... of at most 64 entries per call
     blocks = [os.urandom(1 + i % 300) for i in range(1000)] + [os.urandom((3 << 20) + 5)]
     offsets = [i * 512 for i in range(1000)] + [1 << 20]
     info = daemon.info()
@@ -120,10 +125,12 @@ def test_client_confines_itself_to_its_grants(daemon: Daemon, client: MooncakeTr
     for transfer in (Transfer(read_grant, memoryview(bytearray(9))),                    # wrong size
                      Transfer(daemon.grant(0, 10, GrantMode.WRITE), memoryview(bytearray(10))),
                      Transfer(read_grant, memoryview(bytes(10))),                       # read-only
-                     Transfer(read_grant, memoryview(bytearray(20))[::2]),              # strided
-                     Transfer(daemon.grant(CAPACITY - 5, 10, GrantMode.READ), memoryview(bytearray(10)))):
+                     Transfer(read_grant, memoryview(bytearray(20))[::2])):             # strided
         with pytest.raises(InvalidArgument):
             client.read(info, [transfer], deadline())
+    past_the_end = daemon.grant(CAPACITY - 5, 10, GrantMode.READ)
+    with pytest.raises(PermissionDenied, match="outside the segment"):
+        client.read(info, [Transfer(past_the_end, memoryview(bytearray(10)))], deadline())
     expired = daemon.grant(0, 10, GrantMode.WRITE, expires_ms=later_ms(-1))
     with pytest.raises(PermissionDenied, match="expired"):
         client.write(info, [Transfer(expired, memoryview(bytes(10)))], deadline())
@@ -155,7 +162,7 @@ CHILD = textwrap.dedent("""
     from kvstore.grant import GrantSigner
     from kvstore.storage.dram import DramSegment
     from kvstore.transport.base import GrantChecker
-    from kvstore.transport.mooncake import MooncakeServer
+    from kvstore.transport.mooncake_server import MooncakeServer
     seg = DramSegment("seg-dram", {capacity}, sys.argv[1])
     seg.view(0, {capacity})[:] = bytes(range(256)) * ({capacity} // 256)
     server = MooncakeServer(GrantChecker(GrantSigner({secret!r}), {{"seg-dram": seg}}.get), DaemonConfig())
@@ -198,31 +205,49 @@ def test_killed_daemon_fails_fast(child, client: MooncakeTransport) -> None:
         assert time.monotonic() - started < 1.0
 
 
-def test_hung_daemon_fails_and_nothing_lands_late(child, client: MooncakeTransport) -> None:
-    """The engine keeps moving bytes after a call gives up; the caller's buffer must not see them."""
+LATE = 0xAB  # what the stopped daemon's segment holds once the test rewrote it
+
+
+def holds_late_bytes(staging: np.ndarray) -> bool:
+    """Whether a whole 4 KiB of `staging` is LATE bytes (the old pattern has no such run)."""
+    return bool((staging.reshape(-1, 4096) == LATE).all(axis=1).any())
+
+
+def test_hung_daemon_fails_and_nothing_lands_late(tmp_path, child, client: MooncakeTransport) -> None:
+    """The engine keeps moving bytes after a call gives up; the caller's buffer must not see them.
+    Positive barrier: the resumed daemon's late bytes are seen landing in the abandoned staging."""
     proc, info = child
     read_from(info, client, memoryview(bytearray(16)))
     out = memoryview(bytearray(CAPACITY))
     failures: list[BaseException] = []
+    reading = threading.Event()
 
     def reader() -> None:
         try:
             for _ in range(200):              # until the stop below catches one mid-transfer
                 read_from(info, client, out)
+                reading.set()
         except BaseException as exc:     # checked below
             failures.append(exc)
+            reading.set()
 
     thread = threading.Thread(target=reader)
     thread.start()
-    time.sleep(0.3)
-    os.kill(proc.pid, signal.SIGSTOP)
+    assert reading.wait(30), "no read completed"
+    os.kill(proc.pid, signal.SIGSTOP)       # the reader is in its next call (it reads without pause)
     thread.join(30)
     assert not thread.is_alive() and failures and isinstance(failures[0], TransportError)
     out[:] = bytes(CAPACITY)              # what the caller does with its buffer next
+    assert client.staging is not None and len(client.staging.abandoned) == 1
+    abandoned = client.staging.abandoned[0]
+    abandoned[:] = 0
+    (segment_file,) = tmp_path.glob("kvstore-*-seg-dram")
+    with open(segment_file, "r+b") as fh, mmap.mmap(fh.fileno(), CAPACITY) as memory:
+        memory[:] = bytes([LATE]) * CAPACITY  # what the stopped daemon sends from now on
     os.kill(proc.pid, signal.SIGCONT)
-    time.sleep(1.0)                       # the resumed daemon's engine sends what it still had
-    assert out.tobytes() == bytes(CAPACITY)
-    assert len(client._staging.abandoned) == 1
+    wait_until(lambda: holds_late_bytes(abandoned), timeout=20,
+               what="the resumed daemon's late bytes to land in the abandoned staging")
+    assert out.tobytes() == bytes(CAPACITY)          # and none in the caller's buffer
     read_from(info, client, memoryview(bytearray(16)))    # and the client works on
 
 
@@ -230,6 +255,8 @@ def test_rdma_style_staging_is_registered_once(daemon: Daemon, client: MooncakeT
                                               monkeypatch) -> None:
     """On protocols other than tcp the engine needs registered local memory: only the staging
     buffers are registered, each once, however many calls use them."""
+    # Internal state on purpose: what is counted is the engine's registrations, which no public
+    # call shows, so the client's engine and staging are swapped for counting ones.
     put(daemon, client, 0, b"warm")                        # creates the engine and staging
     registered: list[int] = []
     engine = client._engine
@@ -244,7 +271,7 @@ def test_rdma_style_staging_is_registered_once(daemon: Daemon, client: MooncakeT
 
     monkeypatch.setattr(client, "_staging", mooncake_staging.Staging(register=True))
     monkeypatch.setattr(client, "_engine", Counting())
-    monkeypatch.setattr(mooncake._Engines, "get", classmethod(lambda cls, *a: client._engine))
+    monkeypatch.setattr(mooncake_client._Engines, "get", classmethod(lambda cls, *a: client._engine))
     for i in range(5):
         put(daemon, client, i * 4096, bytes([i]) * 4096)
         assert get(daemon, client, i * 4096, 4096) == bytes([i]) * 4096

@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
         except Unavailable as exc:
             print("unavailable:", exc)
     client = KVClient("127.0.0.1:1")                   # the default preference: shm, mooncake, ucx, tcp
-    print("preferred:", ",".join(client._preferred))
+    print("preferred:", ",".join(client.transports))
     client.close()
     try:
         KVClient("127.0.0.1:1", ClientConfig(transports=("ucx",)))

@@ -18,7 +18,8 @@ import pytest
 from kvstore.checksum import checksum
 from kvstore.storage import ssd
 from kvstore.storage.journal import MAGIC, JournalRecord, encode, live_records
-from kvstore.storage.ssd import SsdSegment, raw_disk_ceiling
+from kvstore.bench.disk import raw_disk_ceiling
+from kvstore.storage.ssd import SsdSegment
 from kvstore.types import Tier
 
 MiB = 1 << 20
@@ -235,6 +236,8 @@ def test_corrupt_block_is_dropped_and_reported(tmp_path: Path, caplog: pytest.Lo
 
 def test_block_outside_the_segment_is_dropped(tmp_path: Path) -> None:
     seg = SsdSegment.open(tmp_path, 0, CAPACITY)
+    # Planted through the segment's journal: no public call writes a block outside the segment,
+    # which is exactly the corruption recovery must drop.
     seg._journal.append([JournalRecord("far", CAPACITY, 10, 0)])
     assert [d.key for d in seg.recover().dropped] == ["far"]
     seg.close()
@@ -320,7 +323,7 @@ def test_einval_on_direct_write_falls_back_to_buffered(tmp_path: Path, monkeypat
     real_pwrite = os.pwrite
 
     def pwrite(fd: int, data: memoryview, offset: int) -> int:
-        if fd == seg._direct_fd:
+        if fd == seg._direct_fd:          # internal on purpose: only O_DIRECT writes are made to fail
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_pwrite(fd, data, offset)
 

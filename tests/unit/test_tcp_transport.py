@@ -11,11 +11,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvstore.config import DaemonConfig
+from kvstore.clock import FakeClock
+from kvstore.config import ClientConfig, DaemonConfig
 from kvstore.errors import ErrorCode, InvalidArgument, PermissionDenied, TransportError
-from kvstore.transport import tcp
+from kvstore.transport import tcp_client
+from kvstore.transport import tcp_wire as tcp
 from kvstore.transport.base import Transfer
-from kvstore.transport.tcp import TcpServer, TcpTransport
+from kvstore.transport.tcp_client import TcpTransport
+from kvstore.transport.tcp_server import TcpServer
+from kvstore.grant import LOCAL
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier
 from tests.transport_harness import CAPACITY, BytesSegment, Daemon, deadline, get, put, round_trips_from_threads
 
@@ -26,20 +30,20 @@ LATER_MS = NOW_MS + 60_000
 @pytest.fixture
 def daemon(tmp_path) -> Iterator[Daemon]:
     d = Daemon(str(tmp_path), TcpServer, plain=BytesSegment("seg-plain", 1 << 20, Tier.DRAM),
-               clock_ms=lambda: NOW_MS)
+               clock=FakeClock(NOW_MS / 1000))
     yield d
     d.close()
 
 
 @pytest.fixture
 def client() -> Iterator[TcpTransport]:
-    c = TcpTransport()
+    c = TcpTransport.from_config(ClientConfig(), FakeClock(NOW_MS / 1000))  # the daemon's clock
     yield c
     c.close()
 
 
 def raw_request(mode: GrantMode, grants: list[Grant], segment_id: str = "seg-dram") -> bytes:
-    return tcp._encode_request(segment_id, mode, grants)
+    return tcp.encode_request(segment_id, mode, grants)
 
 
 def raw_connect(daemon: Daemon) -> socket.socket:
@@ -47,10 +51,10 @@ def raw_connect(daemon: Daemon) -> socket.socket:
 
 
 def read_reply(sock: socket.socket) -> tuple[int, str]:
-    head = tcp._recv_exact(sock, tcp.REPLY_HEADER.size, deadline())
+    head = tcp.recv_exact(sock, tcp.REPLY_HEADER.size, deadline())
     magic, version, status, size = tcp.REPLY_HEADER.unpack(head)
     assert (magic, version) == (tcp.MAGIC, tcp.VERSION)
-    return status, tcp._recv_exact(sock, size, deadline()).decode()
+    return status, tcp.recv_exact(sock, size, deadline()).decode()
 
 
 def assert_closed(sock: socket.socket) -> None:
@@ -63,7 +67,7 @@ def assert_closed(sock: socket.socket) -> None:
 def assert_still_serving(daemon: Daemon, before: bytes) -> None:
     """The daemon serves a new connection, and the hostile request changed no byte."""
     assert daemon.snapshot() == before
-    fresh = TcpTransport()
+    fresh = TcpTransport(clock=daemon.clock)
     try:
         assert get(daemon, fresh, 0, 4096) == before[:4096]
     finally:
@@ -97,11 +101,12 @@ def test_batch_of_small_blocks_uses_one_connection(daemon: Daemon, client: TcpTr
     client.read(info, [Transfer(daemon.grant(o, len(b), GrantMode.READ), memoryview(out))
                        for o, b, out in zip(offsets, blocks, outs)], deadline())
     assert [bytes(o) for o in outs] == blocks
-    assert len(client._idle[info.endpoints[0].address]) == 1
+    assert client.idle(info.endpoints[0].address) == 1
 
 
 def test_batches_over_the_item_limit_are_split(daemon: Daemon, client: TcpTransport, monkeypatch) -> None:
-    monkeypatch.setattr(tcp, "MAX_ITEMS", 7)
+    monkeypatch.setattr(tcp, "MAX_ITEMS", 7)  # the daemon refuses more than 7 items a request
+    monkeypatch.setattr(tcp_client, "MAX_ITEMS", 7)  # ... so the client must split
     blocks = [bytes([i]) * 10 for i in range(50)]
     info = daemon.info(daemon.dram)
     client.write(info, [Transfer(daemon.grant(i * 10, 10, GrantMode.WRITE), memoryview(b))
@@ -183,7 +188,7 @@ def test_wrong_mode_read_is_refused_and_connection_stays_usable(daemon: Daemon, 
         assert read_reply(sock)[0] == ErrorCode.PERMISSION_DENIED
         sock.sendall(raw_request(GrantMode.READ, [daemon.grant(0, 10, GrantMode.READ)]))
         assert read_reply(sock)[0] == ErrorCode.OK
-        assert tcp._recv_exact(sock, 10, deadline()) == seeded[:10]
+        assert tcp.recv_exact(sock, 10, deadline()) == seeded[:10]
     assert_still_serving(daemon, seeded)
 
 
@@ -222,12 +227,12 @@ def test_malformed_headers_get_an_error_and_a_close(daemon: Daemon, seeded: byte
 
 
 def test_undecodable_items_are_refused(daemon: Daemon, seeded: bytes) -> None:
-    good = tcp.ITEM.pack(0, 10, 1, LATER_MS, bytes(16))
-    bad_mode = tcp.ITEM.pack(0, 10, 7, LATER_MS, bytes(16))
+    good = tcp.ITEM.pack(0, 10, 1, 0, LATER_MS, bytes(16))
+    bad_mode = tcp.ITEM.pack(0, 10, 7, 0, LATER_MS, bytes(16))
     for segment_id, item in ((b"\xff\xfe", good), (b"seg-dram", bad_mode)):
         with raw_connect(daemon) as sock:
             head = tcp.REQUEST_HEADER.pack(tcp.MAGIC, tcp.VERSION, 1, len(segment_id), 1)
-            padding = bytes(tcp._table_bytes(len(segment_id), 1) - len(segment_id) - len(item))
+            padding = bytes(tcp.table_bytes(len(segment_id), 1) - len(segment_id) - len(item))
             sock.sendall(head + segment_id + item + padding)
             assert read_reply(sock)[0] == ErrorCode.INVALID_ARGUMENT
     assert_still_serving(daemon, seeded)
@@ -303,9 +308,9 @@ def test_stop_closes_idle_connections_and_ends_their_threads(daemon: Daemon, cli
     idle = [raw_connect(daemon) for _ in range(5)]
     for sock in idle:                               # served once, so each has its own thread
         sock.sendall(raw_request(GrantMode.READ, [daemon.grant(0, 3, GrantMode.READ)]))
-        assert read_reply(sock)[0] == ErrorCode.OK and tcp._recv_exact(sock, 3, deadline()) == b"abc"
+        assert read_reply(sock)[0] == ErrorCode.OK and tcp.recv_exact(sock, 3, deadline()) == b"abc"
     daemon.server.stop()
-    assert not daemon.server._conns
+    assert daemon.server.connections == 0
     for sock in idle:
         assert_closed(sock)
         sock.close()
@@ -315,3 +320,45 @@ def test_pooled_connections_survive_a_daemon_restart(daemon: Daemon, client: Tcp
     put(daemon, client, 0, b"before")
     daemon.restart(DaemonConfig(tcp_port=daemon.server.port))
     assert get(daemon, client, 0, 6) == b"before"
+
+
+# --- a grant reaches only its own allocation, once, and only in its time -----------------------
+
+def test_a_write_grant_writes_once(daemon: Daemon, client: TcpTransport, seeded: bytes) -> None:
+    grant = daemon.grant(0, 10, GrantMode.WRITE)
+    info = daemon.info(daemon.dram)
+    written = client.write(info, [Transfer(grant, memoryview(b"committed!"))], deadline())
+    assert written.receipts == [daemon.signer.receipt(grant)]
+    with pytest.raises(PermissionDenied, match="used already"):      # a replay cannot rewrite it
+        client.write(info, [Transfer(grant, memoryview(b"rewritten!"))], deadline())
+    assert get(daemon, client, 0, 10) == b"committed!"
+
+
+def test_a_request_that_repeats_a_write_grant_is_refused_whole(daemon: Daemon, client: TcpTransport,
+                                                              seeded: bytes) -> None:
+    grant = daemon.grant(0, 10, GrantMode.WRITE)
+    with pytest.raises(PermissionDenied):
+        client.write(daemon.info(daemon.dram), [Transfer(grant, memoryview(b"a" * 10))] * 2, deadline())
+    assert_still_serving(daemon, seeded)
+
+
+def test_local_grants_are_refused_over_the_network(daemon: Daemon, client: TcpTransport, seeded: bytes) -> None:
+    for mode in (GrantMode.READ, GrantMode.WRITE):
+        local = daemon.signer.sign("seg-dram", 0, 10, mode, LATER_MS, LOCAL)
+        call = client.write if mode is GrantMode.WRITE else client.read
+        with pytest.raises(PermissionDenied, match="same-host"):
+            call(daemon.info(daemon.dram), [Transfer(local, memoryview(bytearray(10)))], deadline())
+    assert_still_serving(daemon, seeded)
+
+
+def test_the_bounce_piece_fits_the_largest_item_not_the_first():
+    # sized by the first item, a batch led by a 1-byte value moved every later one a byte a send
+    # (1000 small values from a GPU segment: past the read grant's 5 s on a loaded host)
+    from kvstore.checksum import PIECE
+    from kvstore.transport.tcp_server import _bounce
+
+    def placed(*lengths):
+        return [(None, Grant("s", 0, n, GrantMode.READ, LATER_MS, b"")) for n in lengths]
+
+    assert len(_bounce(placed(1, 300, 7))) == 300
+    assert len(_bounce(placed(1, 1 << 30))) == PIECE * 8

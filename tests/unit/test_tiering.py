@@ -2,10 +2,12 @@
 
 import pytest
 
+from kvstore.results import Block, MoveOutcome
 from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode
 from kvstore.grant import GrantSigner
+from tests.meta_helpers import HOST, SIGNER, commit, segment
 from kvstore.meta.store import MetaStore
 from kvstore.types import Endpoint, MoveKind, SegmentInfo, Tier
 
@@ -22,31 +24,29 @@ def clock():
 def store(clock):
     cfg = MetaConfig(lease_ttl_s=5, high_watermark=0.75, low_watermark=0.5, ssd_high_watermark=0.9,
                      ssd_low_watermark=0.8, promote_after_hits=2, pin_cap=0.5, move_timeout_s=10)
-    s = MetaStore(cfg, GrantSigner(b"k" * 16), clock)
-    ep = (Endpoint("tcp", "127.0.0.1:1"),)
-    s.mount_segment(SegmentInfo("dram", "d1", Tier.DRAM, DRAM, ep))
-    s.mount_segment(SegmentInfo("ssd", "d1", Tier.SSD, SSD, ep))
+    s = MetaStore(cfg, SIGNER, clock)
+    s.mount_segment(segment("dram", "d1", Tier.DRAM, DRAM))
+    s.mount_segment(segment("ssd", "d1", Tier.SSD, SSD))
     yield s
     s.check_invariants()
 
 
 def put(store, keys, size=BLOCK):
-    res = store.put_start(keys, [size] * len(keys))
-    ok = [k for k, r in zip(keys, res) if r.code is ErrorCode.OK]
-    store.put_end(ok, [1] * len(ok))
+    res = store.put_start(keys, [size] * len(keys)).results
+    commit(store, keys, res, checksum=1)
     store.check_invariants()
     return res
 
 
 def tier_of(store, key):
-    [g] = store.get([key])[0].grants
+    [g] = store.get([key], client_host=HOST).results[0].grants    # a shm reader: LOCAL, no grant left behind
     return g.segment_id
 
 
 def run_moves(store, daemon="d1", fail=()):
     tasks = store.claim_moves(daemon, 1 << 30)
     store.check_invariants()
-    store.complete_moves(daemon, [(t.move_id, t.key not in fail, "copy failed" if t.key in fail else "")
+    store.complete_moves(daemon, [MoveOutcome(t.move_id, t.key not in fail, "copy failed" if t.key in fail else "")
                                   for t in tasks])
     store.check_invariants()
     return tasks
@@ -67,7 +67,7 @@ def test_cold_blocks_are_demoted_not_dropped(store):
 
 def test_full_dram_asks_puts_to_retry_until_demotion_frees_room(store):
     put(store, [f"k{i}" for i in range(16)])                # DRAM completely full
-    [r] = store.put_start(["late"], [BLOCK])
+    [r] = store.put_start(["late"], [BLOCK]).results
     assert r.code is ErrorCode.NO_SPACE and r.retry_after_ms > 0
     run_moves(store)
     assert put(store, ["late"])[0].code is ErrorCode.OK
@@ -77,8 +77,8 @@ def test_read_during_move_abandons_it(store):
     put(store, [f"k{i}" for i in range(14)])
     tasks = store.claim_moves("d1", 1 << 30)
     victim = tasks[0].key
-    store.get([victim])                                     # a reader now holds a DRAM grant
-    store.complete_moves("d1", [(t.move_id, True, "") for t in tasks])
+    store.get([victim]).results                                     # a reader now holds a DRAM grant
+    store.complete_moves("d1", [MoveOutcome(t.move_id, True, "") for t in tasks])
     store.check_invariants()
     assert tier_of(store, victim) == "dram"                 # the reader's bytes stayed put
     assert tier_of(store, tasks[1].key) == "ssd"
@@ -88,7 +88,7 @@ def test_remove_during_move_and_failed_copy(store):
     put(store, [f"k{i}" for i in range(14)])
     tasks = store.claim_moves("d1", 1 << 30)
     store.remove([tasks[0].key])
-    store.complete_moves("d1", [(tasks[0].move_id, True, ""), (tasks[1].move_id, False, "disk error")])
+    store.complete_moves("d1", [MoveOutcome(tasks[0].move_id, True, ""), MoveOutcome(tasks[1].move_id, False, "disk error")])
     store.check_invariants()
     assert store.exists([tasks[0].key, tasks[1].key]) == [False, True]
     assert tier_of(store, tasks[1].key) == "dram"
@@ -102,7 +102,7 @@ def test_unreported_moves_expire(store, clock):
     store.heartbeat("d1", [])
     store.tick()
     assert store.stats().used == used - len(tasks) * BLOCK  # destinations freed
-    store.complete_moves("d1", [(t.move_id, True, "") for t in tasks])   # too late: ignored
+    store.complete_moves("d1", [MoveOutcome(t.move_id, True, "") for t in tasks])   # too late: ignored
     assert tier_of(store, tasks[0].key) == "dram"
 
 
@@ -112,8 +112,8 @@ def test_hot_ssd_block_is_promoted(store, clock):
     store.remove([f"k{i}" for i in range(8, 14)], force=True)   # room in DRAM again
     clock.advance(6)
     store.tick()
-    store.get(["k0"])
-    store.get(["k0"])                                       # second hit on SSD
+    store.get(["k0"]).results
+    store.get(["k0"]).results                                       # second hit on SSD
     clock.advance(6)                                        # lease over: the move may switch
     tasks = run_moves(store)
     assert [(t.kind, t.key) for t in tasks] == [(MoveKind.PROMOTE, "k0")]
@@ -150,20 +150,20 @@ def test_pins_protect_and_are_capped(store):
 
 
 def test_announce_reserves_exact_ranges(store):
-    ok = store.announce("ssd", [("a", 0, 100, 5), ("b", 8192, 5000, 6)])
+    ok = store.announce("ssd", [Block("a", 0, 100, 5), Block("b", 8192, 5000, 6)])
     assert [r.code for r in ok] == [ErrorCode.OK, ErrorCode.OK]
-    clash = store.announce("ssd", [("c", 4096, 8192, 7), ("a", 40960, 10, 1)])
+    clash = store.announce("ssd", [Block("c", 4096, 8192, 7), Block("a", 40960, 10, 1)])
     assert [r.code for r in clash] == [ErrorCode.INVALID_ARGUMENT, ErrorCode.ALREADY_EXISTS]
-    [g] = store.get(["b"])
+    [g] = store.get(["b"]).results
     assert (g.size, g.checksum, g.grants[0].offset) == (5000, 6, 8192)
 
 
 def test_restarted_daemon_takes_over_its_persistent_segment(store):
-    store.announce("ssd", [("a", 0, 100, 5)])
+    store.announce("ssd", [Block("a", 0, 100, 5)])
     ep = (Endpoint("tcp", "127.0.0.1:2"),)
     store.mount_segment(SegmentInfo("ssd", "d2", Tier.SSD, SSD, ep))   # same id, new daemon
     assert store.exists(["a"]) == [False]                    # it re-announces what survived
-    assert store.announce("ssd", [("a", 0, 100, 5)])[0].code is ErrorCode.OK
+    assert store.announce("ssd", [Block("a", 0, 100, 5)])[0].code is ErrorCode.OK
 
 
 def test_daemons_without_ssd_still_evict_while_others_demote(clock):

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -16,11 +17,15 @@ import pytest
 pytest.importorskip("ucxx", reason="the ucx transport needs the ucx extra: pip install 'kvstore[ucx]'")
 
 from kvstore.checksum import checksum  # noqa: E402
+from kvstore.config import ClientConfig  # noqa: E402
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
 from kvstore.grant import GrantSigner  # noqa: E402
-from kvstore.transport import ucx  # noqa: E402
+from kvstore.hostid import host_id  # noqa: E402
+from kvstore.metrics.observe import NoTransfers  # noqa: E402
+from kvstore.transport import ucx_wire as ucx  # noqa: E402
 from kvstore.transport.base import Transfer  # noqa: E402
-from kvstore.transport.ucx import UcxServer, UcxTransport  # noqa: E402
+from kvstore.transport.ucx_client import UcxTransport  # noqa: E402
+from kvstore.transport.ucx_server import UcxServer  # noqa: E402
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier  # noqa: E402
 from tests.cluster import wait_until  # noqa: E402
 from tests.transport_harness import CAPACITY, SECRET, Daemon, deadline, get, later_ms, put, round_trips_from_threads  # noqa: E402
@@ -60,7 +65,7 @@ def test_batch_of_small_blocks(daemon: Daemon, client: UcxTransport, count: int)
                                  for i, (b, out) in enumerate(zip(blocks, outs))], deadline())
     assert [bytes(o) for o in outs] == blocks
     assert digests == [checksum(b) for b in blocks]
-    assert len(client._conns) == 1 and len(daemon.server._clients) == 1
+    assert client.connections == 1 and daemon.server.connections == 1
 
 
 def test_eight_threads_share_one_transport(daemon: Daemon, client: UcxTransport) -> None:
@@ -89,9 +94,9 @@ def test_reads_into_typed_buffers(daemon: Daemon, client: UcxTransport) -> None:
 def test_close_says_goodbye(daemon: Daemon) -> None:
     c = UcxTransport()
     put(daemon, c, 0, b"x")
-    assert len(daemon.server._clients) == 1
+    assert daemon.server.connections == 1
     c.close()
-    wait_until(lambda: not daemon.server._clients, timeout=5, what="the daemon to drop the client")
+    wait_until(lambda: daemon.server.connections == 0, timeout=5, what="the daemon to drop the client")
     with pytest.raises(TransportError, match="closed"):
         put(daemon, c, 0, b"x")
 
@@ -126,7 +131,7 @@ def test_bad_grants_are_refused_and_nothing_moves(daemon: Daemon, client: UcxTra
         (client.write if mode is GrantMode.WRITE else client.read)(info, transfers, deadline())
     assert bytes(daemon.dram.view(0, 8192)) == seeded and not any(out)
     assert get(daemon, client, 0, 8192) == seeded          # the same connection still serves
-    assert len(client._conns) == 1
+    assert client.connections == 1
 
 
 def test_refused_large_write_sends_no_payload(daemon: Daemon, client: UcxTransport) -> None:
@@ -148,14 +153,45 @@ def test_client_checks_buffers_against_grants(daemon: Daemon, client: UcxTranspo
             client.read(info, [transfer], deadline())
 
 
+class RawPeer:
+    """A ucx client driven by hand (the controllable peer): it says HELLO as UcxTransport does,
+    then sends whatever request a test builds and returns the status the daemon answers."""
+
+    def __init__(self, address: str) -> None:
+        worker_address, _, _ = ucx.parse_address(address)
+        self.worker = ucx.Worker(ClientConfig().ucx_tls)
+        self.peer = ucx.Peer(self.worker.connect(worker_address), os.getpid(), True)
+        me = host_id().encode()
+        hello = (ucx.HEADER.pack(ucx.MAGIC, ucx.VERSION, ucx.OP_HELLO, 0, 0, 0, 0)
+                 + ucx.HELLO.pack(os.getpid(), len(me), len(self.worker.address)) + me + self.worker.address)
+        self.peer.conn_id = self.ask(hello, seq=0)
+
+    def ask(self, request: bytes, seq: int) -> int:
+        status = bytearray(ucx.STATUS_BYTES)
+        answered = self.worker.recv(self.peer.ep, status, ucx.tag(self.peer.conn_id, seq, ucx.KIND_STATUS))
+        sent = self.worker.send(self.peer.ep, bytearray(request), ucx.tag(self.peer.conn_id, seq, ucx.KIND_CTRL))
+        give_up = deadline()
+        while not (answered[0].completed and sent[0].completed):
+            assert time.monotonic() < give_up, "the daemon did not answer"
+            self.worker.progress(50)
+        return ucx.check_status(status)
+
+    def close(self) -> None:
+        self.worker.close(self.peer)
+        self.worker.settle(1.0)
+
+
 def test_malformed_request_gets_an_error_status(daemon: Daemon, client: UcxTransport) -> None:
     put(daemon, client, 0, b"abc")
-    conn = next(iter(client._conns.values()))
-    seq = client._reserve(2)
-    bogus = bytearray(ucx.HEADER.pack(ucx.MAGIC, ucx.VERSION, 9, 4, 1, conn.conn_id, seq) + b"nope")
-    with client._lock, pytest.raises(InvalidArgument, match="malformed"):
-        client._ask(conn, bogus, seq, deadline())
-    assert get(daemon, client, 0, 3) == b"abc"
+    peer = RawPeer(daemon.info(daemon.dram).endpoints[0].address)
+    try:
+        assert peer.peer.conn_id > 0 and daemon.server.connections == 2
+        bogus = ucx.HEADER.pack(ucx.MAGIC, ucx.VERSION, 9, 4, 1, peer.peer.conn_id, 1) + b"nope"  # op 9
+        with pytest.raises(InvalidArgument, match="malformed"):
+            peer.ask(bogus, seq=1)
+    finally:
+        peer.close()
+    assert get(daemon, client, 0, 3) == b"abc"              # and the daemon serves on
 
 
 # --- a daemon that stops, dies or hangs ----------------------------------------------------------
@@ -168,7 +204,7 @@ def test_stopped_daemon_fails_at_the_deadline(daemon: Daemon, client: UcxTranspo
         client.read(daemon.info(daemon.dram), [Transfer(daemon.grant(0, 3, GrantMode.READ),
                                                         memoryview(bytearray(3)))], time.monotonic() + 0.5)
     assert time.monotonic() - started < 1.5
-    assert not client._conns                 # dropped: the next call connects afresh
+    assert client.connections == 0           # dropped: the next call connects afresh
 
 
 def test_restarted_daemon_is_reached_with_the_same_client(daemon: Daemon, client: UcxTransport) -> None:
@@ -183,7 +219,7 @@ CHILD = textwrap.dedent("""
     from kvstore.grant import GrantSigner
     from kvstore.storage.dram import DramSegment
     from kvstore.transport.base import GrantChecker
-    from kvstore.transport.ucx import UcxServer
+    from kvstore.transport.ucx_server import UcxServer
 
     class Server(UcxServer):
         hang = "--hang" in sys.argv
@@ -253,21 +289,25 @@ def test_hung_daemon_fails_at_the_deadline_and_writes_nothing_late(tmp_path, chi
         read_from(info, client, out, 1.0)             # the daemon stops itself mid-payload
     assert time.monotonic() - started < 2.0
     snapshot = out.tobytes()
-    os.kill(proc.pid, signal.SIGCONT)                 # it resumes and sends the rest ...
+    stranded = client.stranded_pending()
+    assert stranded > 0                               # receives were under way when the call gave up
     (tmp_path / "b").mkdir()
     other, other_info = start_child(str(tmp_path / "b"))
     children.append(other)
-    read_from(other_info, client, memoryview(bytearray(16)), 10)  # ... while this worker progresses
-    time.sleep(0.2)
-    read_from(other_info, client, memoryview(bytearray(16)), 10)
-    assert out.tobytes() == snapshot                  # no late byte landed in the caller's buffer
+    os.kill(proc.pid, signal.SIGCONT)                 # it resumes and sends the rest ...
+
+    def late_pieces_landed() -> bool:                 # ... while this worker progresses
+        read_from(other_info, client, memoryview(bytearray(16)), 10)
+        return client.stranded_pending() < stranded
+    wait_until(late_pieces_landed, timeout=20, what="the resumed daemon's late pieces to land in abandoned staging")
+    assert out.tobytes() == snapshot                  # they landed there, not in the caller's buffer
 
 
 KILLED_CLIENT = textwrap.dedent("""
     import sys, time
     from kvstore.grant import GrantSigner
     from kvstore.transport.base import Transfer
-    from kvstore.transport.ucx import UcxTransport
+    from kvstore.transport.ucx_client import UcxTransport
     from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier
     info = SegmentInfo("seg-dram", "d1", Tier.DRAM, {capacity}, (Endpoint("ucx", sys.argv[1]),))
     data = memoryview(bytearray(16 << 20))
@@ -279,16 +319,31 @@ KILLED_CLIENT = textwrap.dedent("""
 """).format(capacity=CAPACITY, secret=SECRET)
 
 
+class WritesStarted(NoTransfers):
+    """The daemon's transfer observer (ucx reports a request as it starts): `second` is set once
+    a second write started, so a writer killed after it dies with a write under way (it writes
+    without pause)."""
+
+    def __init__(self) -> None:
+        self.count, self.second = 0, threading.Event()
+
+    def transferred(self, transport: str, mode: GrantMode, nbytes: int, seconds: float | None) -> None:
+        if mode is GrantMode.WRITE:
+            self.count += 1
+            if self.count >= 2:
+                self.second.set()
+
+
 def test_client_killed_mid_write_leaves_the_daemon_serving(daemon: Daemon, client: UcxTransport) -> None:
     address = daemon.info(daemon.dram).endpoints[0].address
+    daemon.server.observer = started = WritesStarted()
     writer = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, address], stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "writing"
-        wait_until(lambda: daemon.server._clients, timeout=10, what="the writer to connect")
-        time.sleep(0.2)
+        assert started.second.wait(20), "the writer's writes did not reach the daemon"
     finally:
         writer.kill()
         writer.wait(10)
-    wait_until(lambda: not daemon.server._clients, timeout=5, what="the daemon to drop the dead client")
+    wait_until(lambda: daemon.server.connections == 0, timeout=5, what="the daemon to drop the dead client")
     put(daemon, client, 0, b"still here")
     assert get(daemon, client, 0, 10) == b"still here"

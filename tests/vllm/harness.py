@@ -104,12 +104,20 @@ class ApiServer:
     (default multiprocess mode), with a small KV cache; its log goes to `log_dir/NAME.log`."""
 
     def __init__(self, name: str, model: str, kv: dict[str, Any] | None, log_dir: Path,
-                 kv_cache_bytes: int = 64 << 20) -> None:
+                 kv_cache_bytes: int = 64 << 20, kv_events: bool = False, env: dict[str, str] | None = None) -> None:
         self.log_path = Path(log_dir) / f"{name}.log"
         self._args = ["--model", model, "--host", "127.0.0.1", "--dtype", "float32", "--block-size", "32",
                       "--max-model-len", "4096", "--kv-cache-memory-bytes", str(kv_cache_bytes), "--enforce-eager"]
         if kv is not None:
             self._args += ["--kv-transfer-config", json.dumps(kv)]
+        self.events: tuple[str, str] | None = None
+        if kv_events:       # vLLM's KV events, as a router consumes them (ports chosen here, like the server's)
+            pub, replay = free_port(), free_port()
+            self.events = (f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+            self._args += ["--kv-events-config", json.dumps({
+                "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
+                "replay_endpoint": f"tcp://*:{replay}"})]
+        self._env = env or {}
         self._launch()
 
     def _launch(self) -> None:
@@ -119,7 +127,7 @@ class ApiServer:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(self.port), *self._args],
                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
+                env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **self._env})
 
     def wait_ready(self, timeout: float = 300.0, relaunches: int = 2) -> None:
         """Poll /health until the server answers (vLLM prints no readiness line of its own). The

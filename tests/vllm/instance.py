@@ -5,6 +5,7 @@ Prints `kvstore ready: instance pid=N` once the engine is up, then answers each 
 with one `RESULT {json}` line:
 
     {"op": "generate", "prompts": [[ids...]], "max_tokens": 16}  -> tokens, seconds, kv_transfer_params
+        ("batch": true: all prompts in one generate call, in flight together; one shared time)
     {"op": "stats"}                                              -> the connector's counters
     {"op": "exit"}
 """
@@ -43,6 +44,7 @@ def connector_stats() -> dict:
         sched = LIVE["scheduler"].scheduler
         out["scheduler"] = dict(sched.stats)
         out["namespace"] = sched.scheme.namespace if sched.scheme else None
+        out["parts"] = sched.parts
     return out
 
 
@@ -54,6 +56,12 @@ def generate(llm, cmd: dict) -> dict:
                             extra_args={"kv_transfer_params": cmd["kv_transfer_params"]}
                             if cmd.get("kv_transfer_params") else None)
     tokens, seconds, kv_params = [], [], []
+    if cmd.get("batch"):                # in flight together: the scheduler batches them in its steps
+        start = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]], params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        return {"tokens": [list(o.outputs[0].token_ids) for o in outs], "seconds": [wall] * len(outs),
+                "kv_transfer_params": [o.kv_transfer_params for o in outs], "stats": connector_stats()}
     for ids in cmd["prompts"]:          # one at a time: each is timed on its own
         start = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]

@@ -1,15 +1,19 @@
 """The PD router in front of real vLLM servers (`kvstore route --backend vllm`): a text prompt
 through a prefill and a decode vLLM OpenAI server sharing KV through kvstore, as the README
-deploys it, generates what vLLM generates alone."""
+deploys it, generates what vLLM generates alone; and when `kvstore serve` is killed mid-workload
+every request still does, and the records and counters say the path degraded (issue 18)."""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from kvstore.engines.launch import Fleet
+from tests.cluster import Cluster, wait_until
 from tests.vllm.conftest import needs_vllm
 from tests.vllm.harness import ApiServer, kv_config
 from tests.vllm.tiny_model import prompt_text
@@ -36,9 +40,10 @@ def stream(httpx, url: str, body: dict) -> list[dict]:
     return events
 
 
-def test_the_router_fronts_a_vllm_prefill_and_decode_pair(store, tiny_model, tmp_path):
+def test_the_router_fronts_a_vllm_prefill_and_decode_pair(tiny_model, tmp_path):
     httpx = pytest.importorskip("httpx")
-    meta = store[0]
+    cluster = Cluster()
+    serve, meta = cluster.serve("256MiB")
     prefill = ApiServer("prefill", tiny_model, kv_config("kv_producer", meta), tmp_path)
     decode = ApiServer("decode", tiny_model, kv_config("kv_consumer", meta), tmp_path)
     jsonl = tmp_path / "router.jsonl"
@@ -68,6 +73,47 @@ def test_the_router_fronts_a_vllm_prefill_and_decode_pair(store, tiny_model, tmp
             assert metric(routed, "kvstore_router_requests_total", route="pd") == 1
             lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
             assert [line["route"] for line in lines] == ["pd"]
+            assert rec["kv_save_failed"] is False and rec["kv_missing_tokens"] is None
+            assert rec["cached_tokens"] is None and rec["recompute_tokens"] is None   # not in vLLM's stream
+
+            _store_killed_mid_workload(httpx, serve, router, prefill, decode, body, tiny_model)
     finally:
         prefill.stop()
         decode.stop()
+        cluster.close()
+
+
+def _store_killed_mid_workload(httpx, serve, router, prefill, decode, body, model):
+    """Three requests in flight when `kvstore serve` dies, three after it."""
+    bodies = [{**body, "prompt": prompt_text(150 + 20 * i, seed=30 + i)} for i in range(6)]
+    first_done = threading.Event()
+
+    def send(i: int) -> list[dict]:
+        events = stream(httpx, router, bodies[i])
+        first_done.set()
+        return events
+
+    with ThreadPoolExecutor(3) as pool:
+        in_flight = [pool.submit(send, i) for i in range(3)]
+        assert first_done.wait(120)
+        serve.kill()
+        results = [f.result() for f in in_flight]
+    results += [send(i) for i in range(3, 6)]
+    for i, events in enumerate(results):
+        alone = httpx.post(f"{prefill.url}/v1/completions", timeout=120,
+                           json={**bodies[i], "model": model, "return_token_ids": True}).json()["choices"][0]
+        assert [t for e in events for t in e["choices"][0]["token_ids"]] == alone["token_ids"], i
+        assert events[-1]["kvstore"]["error"] is None
+    for events in results[3:]:
+        rec = events[-1]["kvstore"]
+        assert rec["route"] == "pd" and rec["fallback"] == "save_failed" and rec["kv_save_failed"] is True, rec
+        assert rec["kv_missing_tokens"] == rec["prompt_tokens"] // 32 * 32
+        assert rec["cached_tokens"] is None and rec["recompute_tokens"] is None and rec["kv_load_bytes"] is None
+    routed = httpx.get(f"{router}/metrics", timeout=10).text
+    assert metric(routed, "kvstore_router_fallbacks_total", reason="save_failed") >= 3
+    assert metric(routed, "kvstore_router_kv_failures_total", stage="save") >= 3
+    # Each vLLM instance counts what failed there (its stats reach /metrics a step later: poll).
+    wait_until(lambda: metric(httpx.get(f"{prefill.url}/metrics", timeout=10).text,
+                              "vllm:kvstore_unsaved_blocks_total") > 0, 60, "prefill's unsaved blocks")
+    wait_until(lambda: sum(metric(httpx.get(f"{decode.url}/metrics", timeout=10).text, f"vllm:kvstore_{name}_total")
+                           for name in ("lookup_failures", "lookups_skipped")) >= 3, 60, "decode's failed lookups")

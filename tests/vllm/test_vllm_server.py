@@ -44,6 +44,10 @@ def test_prefill_and_decode_servers_hand_off_through_kvstore(store, tiny_model, 
         assert 'vllm:kvstore_load_blocks_total{engine="0"' in metrics
         loaded = [line for line in metrics.splitlines() if line.startswith("vllm:kvstore_load_blocks_total")]
         assert float(loaded[0].split()[-1]) == 9
+        # the decode worker's store client, across vLLM's processes: what it read, per transport and daemon
+        read = [line for line in metrics.splitlines()
+                if line.startswith("vllm:kvstore_client_transfer_bytes_total{") and 'direction="get"' in line]
+        assert read and sum(float(line.split()[-1]) for line in read) > 0, metrics
         assert "kvstore: blocks named" in decode.log()       # the handshake crossed processes
     finally:
         for s in servers:

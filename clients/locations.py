@@ -1,0 +1,84 @@
+"""Where a client last found its keys, so that reading one again needs no metadata call.
+
+A read from a cached location is optimistic, seqlock style: the bytes are copied without a read
+lease and then validated by the checksum the key was stored with. If the block was evicted,
+moved, removed or its space rewritten meanwhile, the check fails (or the transport refuses an
+expired grant) and the reader asks the service again; no caller ever gets another key's bytes.
+A block removed or evicted whose space was not yet reused still reads back as the key's own
+bytes (content addressed: same key, same bytes), for at most the entry's lifetime.
+
+An entry lives until shortly before its grants expire (the service's read-lease TTL), and at
+most `ttl_s`; the reader's own removes drop theirs at once. Hits are counted as LRU touches and
+handed to the service with the reader's next metadata call (see reader.py), so eviction order
+still follows reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from kvstore.results import GetResult
+from kvstore.types import SegmentInfo
+
+EXPIRY_MARGIN_S = 0.5  # an entry is dropped this long before its grants expire: a read needs time
+
+
+class Location(NamedTuple):
+    result: GetResult  # size, checksum and a read grant per replica (lease_id 0: no lease)
+    segments: Mapping[str, SegmentInfo]
+    until: float  # time.monotonic() after which the entry is not used
+
+
+class LocationCache:
+    """Bounded (least recently used entries go first); thread safe. capacity 0: disabled."""
+
+    def __init__(self, capacity: int, ttl_s: float) -> None:
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self._entries: OrderedDict[str, Location] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str, now: float) -> Location | None:
+        """The entry for `key` if it is still good at `now` (time.monotonic())."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if entry.until <= now:
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+            return entry
+
+    def put(self, key: str, result: GetResult, segments: Mapping[str, SegmentInfo], now_ms: int) -> None:
+        """Remember where `key` is: until shortly before its first grant expires (wall clock
+        `now_ms`), and at most ttl_s from now."""
+        if not self.capacity or not result.grants:
+            return
+        left_s = min(g.expires_ms for g in result.grants) / 1000 - now_ms / 1000 - EXPIRY_MARGIN_S
+        if left_s <= 0:
+            return
+        mono = time.monotonic()
+        entry = Location(dataclasses.replace(result, lease_id=0), segments, mono + min(left_s, self.ttl_s))
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+
+    def drop(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

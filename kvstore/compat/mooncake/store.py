@@ -1,0 +1,200 @@
+"""`MooncakeDistributedStore` over kvstore: Mooncake Store's Python class, call for call.
+
+Same method names, arguments, defaults and return conventions as Mooncake's binding
+(mooncake-integration/store/store_py.cpp): ints are 0 / a byte count / a count on success and a
+negative Mooncake ErrorCode on failure; `get` answers b"" for a miss; `is_exist` 1, 0 or a
+negative code. Calls on a store that is not set up (or is closed) answer INVALID_PARAMS, where
+Mooncake's own binding dereferences a null client. This file holds set-up, the bytes API and
+key management; zero_copy.py the calls on registered memory, upsert.py the replacing puts,
+unsupported.py the rest.
+docs/compat-mooncake.md is the table of every method and how it differs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from kvstore.client import KVClient, KVStoreError
+from kvstore.compat.mooncake import checks, setup_args
+from kvstore.compat.mooncake.buffers import BufferHandle, gather
+from kvstore.compat.mooncake.codes import ErrorCode, code_for
+from kvstore.compat.mooncake.keys import KeyNamespace
+from kvstore.compat.mooncake.replicate import ReplicateConfig
+from kvstore.compat.mooncake.session import Session
+from kvstore.compat.mooncake.settings import client_config, meta_address
+from kvstore.compat.mooncake.unsupported import UnsupportedCalls
+from kvstore.compat.mooncake.upsert import UpsertCalls
+from kvstore.compat.mooncake.zero_copy import ZeroCopyCalls
+
+INVALID = int(ErrorCode.INVALID_PARAMS)
+
+
+class MooncakeDistributedStore(ZeroCopyCalls, UpsertCalls, UnsupportedCalls):
+    def __init__(self) -> None:
+        self._session: Session | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def setup(self, *args: Any, **kwargs: Any) -> int:
+        """Connect to the kvstore metadata service named as the master. Both of Mooncake's forms:
+        setup(local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol,
+        rdma_devices, master_server_addr, engine=None, ...) and setup(config_dict). 0, or
+        INVALID_PARAMS / RPC_FAIL (the service does not answer). A store already set up is
+        closed and set up again."""
+        parsed = setup_args.from_call(self, args, kwargs)
+        if isinstance(parsed, int):
+            return parsed
+        self.close()
+        try:
+            client = KVClient(meta_address(parsed.master_server_addr), client_config(parsed))
+        except KVStoreError as exc:
+            return code_for(exc)
+        try:
+            client.exists_many(["mooncake-compat/setup-probe"])  # the service answers
+        except KVStoreError as exc:
+            client.close()
+            return code_for(exc)
+        self._session = Session(client, KeyNamespace(parsed.tenant_id), parsed.local_hostname)
+        return 0
+
+    def close(self) -> int:
+        """Drop the connection; registered buffers are forgotten. 0, also when not set up."""
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+        return 0
+
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up or closed, 2 the metadata service does not answer."""
+        if self._session is None:
+            return 1
+        try:
+            self._session.client.exists_many(["mooncake-compat/health-probe"])
+        except KVStoreError:
+            return 2
+        return 0
+
+    def get_hostname(self) -> str:
+        return self._session.hostname if self._session is not None else ""
+
+    # -- bytes API -------------------------------------------------------------------------------
+
+    def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
+        view, config = checks.byte_view(value), checks.config(config)
+        checks.key(key)
+        if self._session is None:
+            return INVALID
+        return self._session.put([key], [view if len(view) else None], config, bytes_api=True)[0]
+
+    def put_batch(self, keys: Sequence[str], values: Sequence[Any], config: ReplicateConfig | None = None) -> int:
+        """One code for the batch: 0, or the first key's failure (INVALID_PARAMS when the lists
+        differ in length). Keys already stored keep their bytes."""
+        keys, config = checks.keys(keys), checks.config(config)
+        views = [checks.byte_view(v) for v in values]
+        if self._session is None or len(keys) != len(views):
+            return INVALID
+        if not keys:
+            return 0
+        results = self._session.put(keys, [v if len(v) else None for v in views], config, bytes_api=True)
+        return next((r for r in results if r != 0), 0)
+
+    def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
+        """The parts, concatenated, as one value. An empty total stores nothing and answers 0."""
+        views = [checks.byte_view(p) for p in parts]
+        checks.key(key)
+        config = checks.config(config)
+        if self._session is None:
+            return INVALID
+        value = gather(views) if views else memoryview(b"")
+        if not len(value):
+            return 0
+        return self._session.put([key], [value], config, bytes_api=True)[0]
+
+    def get(self, key: str) -> bytes:
+        """The value, or b"" for a miss or any failure."""
+        checks.key(key)
+        if self._session is None:
+            return b""
+        value = self._session.get([key])[0]
+        return value if isinstance(value, bytes) else b""
+
+    def get_batch(self, keys: Sequence[str]) -> list[bytes]:
+        keys = checks.keys(keys)
+        if self._session is None:
+            return [b""] * len(keys)
+        return [v if isinstance(v, bytes) else b"" for v in self._session.get(keys)] if keys else []
+
+    def get_buffer(self, key: str) -> BufferHandle | None:
+        """The value as a BufferHandle, or None for a miss."""
+        checks.key(key)
+        return self.batch_get_buffer([key])[0]
+
+    def batch_get_buffer(self, keys: Sequence[str]) -> list[BufferHandle | None]:
+        keys = checks.keys(keys)
+        if self._session is None or not keys:
+            return [None] * len(keys)
+        return [BufferHandle(v) if isinstance(v, bytes) else None for v in self._session.get(keys)]
+
+    def get_size(self, key: str) -> int:
+        """The value's size in bytes, or OBJECT_NOT_FOUND (...). It reads the value: kvstore's
+        client has no size query yet."""
+        checks.key(key)
+        if self._session is None:
+            return INVALID
+        value = self._session.get([key])[0]
+        return len(value) if isinstance(value, bytes) else value
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    def is_exist(self, key: str) -> int:
+        checks.key(key)
+        return self.batch_is_exist([key])[0]
+
+    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+        keys = checks.keys(keys)
+        if self._session is None:
+            return [INVALID] * len(keys)
+        return self._session.exists(keys)
+
+    def remove(self, key: str, force: bool = False) -> int:
+        checks.key(key)
+        return self.batch_remove([key], force)[0]
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
+        keys = checks.keys(keys)
+        if self._session is None:
+            return [INVALID] * len(keys)
+        return self._session.remove(keys, bool(force))
+
+    def remove_all(self, force: bool = False) -> int:
+        """Remove the keys this store instance wrote (kvstore's client cannot list the store's
+        keys); the number removed. Keys being read stay unless `force`."""
+        if self._session is None:
+            return INVALID
+        return self._remove_written(lambda key: True, bool(force))
+
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
+        """Remove the keys this store instance wrote that the pattern finds (re.search, as
+        Mooncake's std::regex_search); the number removed, INVALID_PARAMS for a bad pattern."""
+        if self._session is None:
+            return INVALID
+        try:
+            pattern = re.compile(regex_pattern)
+        except (re.error, TypeError):
+            return INVALID
+        return self._remove_written(lambda key: pattern.search(key) is not None, bool(force))
+
+    def _remove_written(self, match: Any, force: bool) -> int:
+        session = self._session
+        assert session is not None
+        namespace = session.namespace
+        keys = [namespace.from_store(k) for k in session.written.snapshot()]
+        keys = [k for k in keys if match(k)]
+        if not keys:
+            return 0
+        results = session.remove(keys, force)
+        if all(r < 0 and r not in (ErrorCode.OBJECT_NOT_FOUND, ErrorCode.OBJECT_HAS_LEASE) for r in results):
+            return results[0]  # the call itself failed (e.g. RPC_FAIL)
+        return sum(1 for r in results if r == 0)

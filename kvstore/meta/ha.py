@@ -1,0 +1,207 @@
+"""Which MetaStore answers a call: the one store of an in-memory service, or, on Redis, the store
+of the elected leader.
+
+On Redis (Replicated): a standby answers every call but ServiceInfo and Stats with NotLeader,
+naming the leader. The leader builds its store when it wins the lease: it loads the records
+(kvstore.meta.recovery), then serves reads at once (of replicas its daemons confirmed) and
+writes once the previous leader's grants have expired. Its writes go through a group-commit
+journal fenced by its epoch. If Redis stops answering, changes fail (Unavailable) and reads go
+on; when Redis answers again, the leader rebuilds its store from the records (what failed to
+be written was never acknowledged), still under its lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+from kvstore.clock import Clock
+from kvstore.config import MetaConfig
+from kvstore.errors import NotLeader, Unavailable
+from kvstore.grant import GrantSigner
+from kvstore.meta.journal import GroupCommit
+from kvstore.meta.leader import Leadership, Role
+from kvstore.meta.redisdb import RedisRecords, check_schema
+from kvstore.meta.store import MetaStore
+from kvstore.rediskeys import Keys, connect
+from kvstore.shards import ShardSpec
+
+log = logging.getLogger(__name__)
+
+
+class Standing(NamedTuple):
+    """What a service says of itself (ServiceInfo, Stats)."""
+
+    role: str  # "leader", "standby", or "" (in memory)
+    epoch: int
+    leader: str
+    standbys: tuple[str, ...] = ()
+    redis: str = ""  # "ok", or why not; "" in memory
+    reconciling: int = 0  # segments loaded after a takeover and not yet mounted again
+    writes_open: bool = True
+
+
+class Stores(Protocol):
+    def for_reads(self) -> MetaStore:
+        """The store to answer a call that changes nothing durable; NotLeader / Unavailable."""
+
+    def for_writes(self) -> MetaStore:
+        """The store to answer a call that changes records; NotLeader / Unavailable."""
+
+    def standing(self) -> Standing: ...
+
+    def current(self) -> MetaStore | None:
+        """The store this service holds now (for upkeep), None on a standby."""
+
+    def stop(self) -> None: ...
+
+
+class Single:
+    """An in-memory service: one store, no election."""
+
+    def __init__(self, store: MetaStore) -> None:
+        self.store = store
+
+    def for_reads(self) -> MetaStore:
+        return self.store
+
+    def for_writes(self) -> MetaStore:
+        return self.store
+
+    def current(self) -> MetaStore | None:
+        return self.store
+
+    def standing(self) -> Standing:
+        return Standing("", 0, "", writes_open=True)
+
+    def stop(self) -> None:
+        pass
+
+
+class Replicated:
+    """Leader and standbys on one Redis."""
+
+    def __init__(
+        self, config: MetaConfig, signer: GrantSigner, address: str, clock: Clock, make: Callable[..., MetaStore]
+    ) -> None:
+        self.config = config
+        self._signer = signer
+        self._clock = clock
+        self._make = make
+        self._client = connect(config.redis_url)
+        keys = Keys.of_shard(config.cluster, ShardSpec.parse(config.shard).index)
+        check_schema(self._client, keys, config.cluster)
+        self.records = RedisRecords(self._client, keys, config.durability)
+        log.info("metadata on Redis %s (%s)", config.redis_url, self.records.server_durability())
+        self._store: MetaStore | None = None
+        self._lock = threading.Lock()
+        self.leadership = Leadership(
+            self._client, keys, address, config.leader_ttl_s, config.leader_renew_s, self._elected, self._deposed
+        )
+
+    @property
+    def redis(self) -> Any:
+        """The Redis client the records and the election use."""
+        return self._client
+
+    def start(self) -> Replicated:
+        self.leadership.start()
+        return self
+
+    def _elected(self, epoch: int) -> None:
+        store = self._make(journal=GroupCommit(self.records.writer(epoch), f"Redis {self.config.redis_url}"))
+        records = self.records
+        report = store.restore(
+            records.load_segments(), records.load_objects(), records.load_pins(), records.load_tenants()
+        )
+        log.warning(
+            "epoch %d: loaded %d segments and %d objects (%d replicas, %d objects dropped); reads open, writes in "
+            "%.1f s",
+            epoch,
+            report.segments,
+            report.objects,
+            report.replicas_dropped,
+            report.objects_dropped,
+            store.takeover_wait_s(),
+        )
+        with self._lock:
+            self._store = store
+
+    def _deposed(self) -> None:
+        with self._lock:
+            self._store = None
+
+    def _leader_store(self, writes: bool) -> MetaStore:
+        view = self.leadership.view
+        if view.role is not Role.LEADER:
+            raise NotLeader(
+                f"this metadata service ({self.leadership.address}) is a standby; the leader is "
+                f"{view.leader or 'being elected'}",
+                view.leader,
+            )
+        # Past its lease, a leader may still answer reads while Redis is down (no one else can be
+        # elected then); changes need a valid lease.
+        if not self.leadership.leads() and (writes or not self.leadership.redis_error):
+            raise Unavailable("the leader's lease is being renewed: retry")
+        with self._lock:
+            store = self._store
+        if store is None:
+            raise Unavailable("this metadata service is taking over as leader (loading the index): retry")
+        return store
+
+    def for_reads(self) -> MetaStore:
+        return self._leader_store(writes=False)
+
+    def for_writes(self) -> MetaStore:
+        store = self._leader_store(writes=True)
+        if store.journal_failed() and not self.leadership.redis_error:
+            try:
+                self._rebuild(store)  # Redis is back: start again from what it holds
+            except Exception as exc:  # it was not back after all (the election had not seen it yet)
+                raise Unavailable(f"Redis does not answer ({exc}): changes are refused until it is back") from exc
+            store = self._leader_store(writes=True)
+        return store
+
+    def _rebuild(self, failed: MetaStore) -> None:
+        """Load the index again in place of `failed`, whose journal failed. No store serves while
+        it loads (a change made meanwhile could miss the load); if the load fails, `failed` serves
+        reads again and the next write tries once more."""
+        with self._lock:
+            if self._store is not failed:  # another caller rebuilt it, or is rebuilding it now
+                return
+            self._store = None
+        log.warning("Redis answers again: rebuilding the index from its records")
+        try:
+            self._elected(self.leadership.view.epoch)
+        except BaseException:
+            with self._lock:
+                if self._store is None:
+                    self._store = failed
+            raise
+
+    def current(self) -> MetaStore | None:
+        with self._lock:
+            return self._store
+
+    def standing(self) -> Standing:
+        view = self.leadership.view
+        try:
+            members = self.leadership.members()
+        except Exception:  # noqa: BLE001 - Redis down: say so
+            members = {}
+        store = self.current()
+        standbys = tuple(sorted(a for a, v in members.items() if v.startswith("standby") and a != view.leader))
+        return Standing(
+            view.role.value,
+            view.epoch,
+            view.leader,
+            standbys,
+            self.leadership.redis_error or "ok",
+            store.reconciling if store else 0,
+            store is not None and store.writes_open(),
+        )
+
+    def stop(self) -> None:
+        self.leadership.stop()
