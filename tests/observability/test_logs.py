@@ -79,7 +79,11 @@ def test_one_request_id_on_the_router_and_the_engine():
         answer = httpx.post(f"{url}/v1/completions", json={"prompt": "hello there", "max_tokens": 3}, timeout=120)
         answer.raise_for_status()
         rid = answer.json()["id"]
-        wait_until(lambda: any(r.get("request_id") == rid for r in records(engine.lines)), what="the engine's line")
+        # Both processes log a request's line once it has ended, which can be after its answer reached us.
+        def summary_lines(lines: list[str]) -> list[dict]:
+            return [r for r in records(lines) if r.get("request_id") == rid and r["msg"].startswith("request {")]
+        wait_until(lambda: summary_lines(engine.lines), what="the engine's line")
+        wait_until(lambda: summary_lines(router.lines), what="the router's line")
         on_router = [r for r in records(router.lines) if r.get("request_id") == rid]
         on_engine = [r for r in records(engine.lines) if r.get("request_id") == rid]
         assert any("request" in r["msg"] for r in on_router)
