@@ -6,9 +6,10 @@ forward pass for a batch of chunks (a decode step is a chunk of one token) in wh
 numbers are the same bits whatever else is in the batch and however its prompt was cut into
 chunks. So continuous batching, chunked prefill, preemption and KV from another instance all
 give the tokens of one request served alone. How (each part checked by tests/engines/
-test_batch_invariance.py): every matrix product has at least `_MIN_ROWS` rows; attention runs per
-prompt chunk, or for all one-token chunks together, over keys padded to whole blocks and masked;
-SiLU is built from IEEE-exact operations (`_silu`).
+test_batch_invariance.py): every matrix product has a multiple of `_ROW_MULTIPLE` rows; attention
+runs per prompt chunk, or for all one-token chunks together, over keys padded to whole blocks and
+masked, its output summed over the keys in pieces of fixed size (`_sum_over_keys`); SiLU is built
+from IEEE-exact operations (`_silu`).
 """
 
 from __future__ import annotations
@@ -194,31 +195,57 @@ class ReferenceModel:
         scores = _bmm(qg, keys.transpose(-1, -2)) / math.sqrt(c.head_dim)              # [b, kvh, g*m, length]
         scores = scores.view(b, c.num_kv_heads, group, m, length).masked_fill(masked[:, None, None], float("-inf"))
         probs = scores.softmax(dim=-1).view(b, c.num_kv_heads, group * m, length)
-        out = _bmm(probs, values)                                                       # [b, kvh, g*m, dim]
+        out = _sum_over_keys(probs, values)                                             # [b, kvh, g*m, dim]
         return out.view(b, c.num_kv_heads, group, m, c.head_dim).permute(0, 3, 1, 2, 4).reshape(b * m, c.hidden_size)
 
 
-# Products with fewer rows than this take other kernels, which round differently (measured with
-# MKL: one row of a row-major product goes through gemv, two rows against a transposed operand
-# through another path). Padding every product to this many rows keeps a row's numbers the same
-# in any batch.
-_MIN_ROWS = 4
+# Products whose rows are not a multiple of this take other kernels for some rows, which round
+# differently. Measured with MKL: one row of a row-major product goes through gemv, two rows against
+# a transposed operand through another path; with two threads on an AVX-512 machine a product of
+# under 12 rows is cut into 4-row pieces and the rows left over take another kernel. Padding every
+# product to a multiple of this many rows keeps a row's numbers the same in any batch.
+_ROW_MULTIPLE = 16
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w, x row-major, with the same kernel for any number of rows (see `_MIN_ROWS`)."""
+    """x @ w, x row-major, with the same kernel for any number of rows (see `_ROW_MULTIPLE`)."""
     return _bmm(x, w)
 
 
 def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b over leading batch dims, `a` made row-major, with at least `_MIN_ROWS` rows per
-    product (repeated, then cut off)."""
+    """a @ b over leading batch dims, `a` made row-major and padded with zero rows to a multiple of
+    `_ROW_MULTIPLE` rows per product (then cut off)."""
     a = a.contiguous()
     rows = a.shape[-2]
-    if rows >= _MIN_ROWS:
+    pad = -rows % _ROW_MULTIPLE
+    if not pad:
         return a @ b
-    padded = torch.cat([a] * -(-_MIN_ROWS // rows), dim=-2)
-    return (padded @ b)[..., :rows, :]
+    return (torch.nn.functional.pad(a, (0, 0, 0, pad)) @ b)[..., :rows, :]
+
+
+# How many keys each piece of the attention's output product sums over (see `_sum_over_keys`).
+_KEY_PIECE = 64
+
+
+def _sum_over_keys(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """probs @ values, `[.., rows, length] @ [.., length, dim]`, summed over the keys in pieces of
+    `_KEY_PIECE`, one piece after another. `length` is set by the longest sequence attending
+    together, and a BLAS splits a long sum differently for different lengths (measured: MKL on
+    AVX-512 halves the sum past about 200 keys), so one product would make a row's numbers depend
+    on its batch. With fixed pieces, a row's keys are summed the same way at any length: the
+    pieces past its last key hold probabilities of exactly 0 and add nothing."""
+    length = probs.shape[-1]
+    pad = -length % _KEY_PIECE
+    if pad:
+        probs = torch.nn.functional.pad(probs, (0, pad))
+        values = torch.nn.functional.pad(values, (0, 0, 0, pad))
+    pieces = (length + pad) // _KEY_PIECE
+    parts = _bmm(probs.unflatten(-1, (pieces, _KEY_PIECE)).movedim(-2, -3),     # [.., pieces, rows, piece]
+                 values.unflatten(-2, (pieces, _KEY_PIECE)))                     # [.., pieces, piece, dim]
+    out = parts[..., 0, :, :].clone()
+    for i in range(1, pieces):
+        out += parts[..., i, :, :]
+    return out
 
 
 def _attention_groups(chunks: Sequence[Chunk]) -> list[tuple[slice | torch.Tensor, list[int]]]:
