@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from kvstore.engines.reference.paged_cache import Chunk, PagedKVCache
 
@@ -220,7 +221,7 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     pad = -rows % _ROW_MULTIPLE
     if not pad:
         return a @ b
-    return (torch.nn.functional.pad(a, (0, 0, 0, pad)) @ b)[..., :rows, :]
+    return (F.pad(a, (0, 0, 0, pad)) @ b)[..., :rows, :]
 
 
 # How many keys each piece of the attention's output product sums over (see `_sum_over_keys`).
@@ -229,22 +230,19 @@ _KEY_PIECE = 64
 
 def _sum_over_keys(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """probs @ values, `[.., rows, length] @ [.., length, dim]`, summed over the keys in pieces of
-    `_KEY_PIECE`, one piece after another. `length` is set by the longest sequence attending
-    together, and a BLAS splits a long sum differently for different lengths (measured: MKL on
-    AVX-512 halves the sum past about 200 keys), so one product would make a row's numbers depend
-    on its batch. With fixed pieces, a row's keys are summed the same way at any length: the
-    pieces past its last key hold probabilities of exactly 0 and add nothing."""
-    length = probs.shape[-1]
-    pad = -length % _KEY_PIECE
-    if pad:
-        probs = torch.nn.functional.pad(probs, (0, pad))
-        values = torch.nn.functional.pad(values, (0, 0, 0, pad))
-    pieces = (length + pad) // _KEY_PIECE
-    parts = _bmm(probs.unflatten(-1, (pieces, _KEY_PIECE)).movedim(-2, -3),     # [.., pieces, rows, piece]
-                 values.unflatten(-2, (pieces, _KEY_PIECE)))                     # [.., pieces, piece, dim]
-    out = parts[..., 0, :, :].clone()
-    for i in range(1, pieces):
-        out += parts[..., i, :, :]
+    `_KEY_PIECE` (the last padded with zeros), one after another. `length` is set by the longest
+    sequence attending together, and a BLAS splits a long sum differently for different lengths
+    (measured: MKL on AVX-512 halves the sum past about 200 keys), so one product would make a
+    row's numbers depend on its batch. With fixed pieces, a row's keys are summed the same way at
+    any length: the pieces past its last key hold probabilities of exactly 0 and add nothing."""
+    out = None
+    for start in range(0, probs.shape[-1], _KEY_PIECE):
+        p, v = probs[..., start:start + _KEY_PIECE], values[..., start:start + _KEY_PIECE, :]
+        if (short := _KEY_PIECE - p.shape[-1]) > 0:
+            p, v = F.pad(p, (0, short)), F.pad(v, (0, 0, 0, short))
+        part = _bmm(p, v)
+        out = part if out is None else out.add_(part)
+    assert out is not None
     return out
 
 
