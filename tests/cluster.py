@@ -37,7 +37,17 @@ class Proc:
         """SIGTERM, as Ctrl-C would: a clean shutdown."""
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
-        return self.popen.wait(timeout=20)
+        try:
+            return self.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            # Ask for every thread's stack (PYTHONFAULTHANDLER, set in _env) so the report shows where it hung.
+            self.popen.send_signal(signal.SIGABRT)
+            self.popen.wait(timeout=10)
+            deadline = time.monotonic() + 5  # the reader thread may still be taking in the stacks
+            while not any("most recent call first" in line for line in self.lines) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise TimeoutError(f"{self.popen.args[3:]} did not stop within 20 s of SIGTERM; what it printed, "
+                               f"its threads' stacks last:\n{''.join(self.lines)[-20000:]}") from None
 
 
 def authed_channel(address: str, token: str = ADMIN_TOKEN):
@@ -53,7 +63,8 @@ def authed_channel(address: str, token: str = ADMIN_TOKEN):
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = dict(os.environ, KVSTORE_SECRET=SECRET, KVSTORE_TOKEN=ADMIN_TOKEN, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, KVSTORE_SECRET=SECRET, KVSTORE_TOKEN=ADMIN_TOKEN, PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")
     env.update(extra or {})
     return env
 
