@@ -16,13 +16,12 @@ import errno
 import fcntl
 import logging
 import os
-import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvstore.cli.shardprocs import ShardProcesses, shard_config
+from kvstore.cli.stopping import StopSignals
 from kvstore.config import DaemonConfig, MetaConfig, random_secret, resolve_secret
 from kvstore.configflags import ConfigFlags
 from kvstore.errors import InvalidArgument, KeyBusy, Unavailable
@@ -60,15 +59,6 @@ def add_command(name: str, sp: argparse.ArgumentParser) -> None:
             help="metadata shards, each its own process (default 1; docs/sharding.md)",
         )
     sp.set_defaults(run={"serve": cmd_serve, "meta": cmd_meta, "daemon": cmd_daemon}[name], flags=flags)
-
-
-def _stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM. Installed before a server says it is ready, so a
-    signal sent as soon as the ready line is read still stops it cleanly."""
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    return done
 
 
 def _start_meta(cfg: MetaConfig) -> MetaServer:
@@ -142,7 +132,7 @@ def reservation(cfg: DaemonConfig) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    stopping = _stop_on_signals()
+    stopping = StopSignals()
     flags: ConfigFlags = args.flags
     meta_cfg = flags.load(MetaConfig, args)
     if not meta_cfg.secret:  # the embedded store's two parts share a fresh key
@@ -204,7 +194,7 @@ def _daemon_tls(meta: MetaConfig, daemon: DaemonConfig) -> dict[str, str]:
 
 
 def cmd_meta(args: argparse.Namespace) -> int:
-    stopping = _stop_on_signals()
+    stopping = StopSignals()
     meta = _start_meta(args.flags.load(MetaConfig, args))
     _say_token(meta)
     print(f"kvstore ready: meta={meta.address}{_observed(meta, None)}", flush=True)
@@ -214,7 +204,7 @@ def cmd_meta(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    stopping = _stop_on_signals()
+    stopping = StopSignals()
     cfg = args.flags.load(DaemonConfig, args)
     print(f"kvstore daemon reserves {reservation(cfg)}", flush=True)
     daemon = _start_daemon(cfg)

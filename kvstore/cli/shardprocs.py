@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 from dataclasses import replace
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from kvstore.config import MetaConfig
@@ -38,9 +38,11 @@ def shard_config(cfg: MetaConfig, index: int, count: int) -> MetaConfig:
 def _run_shard(cfg: MetaConfig, conn: Connection) -> None:
     """A shard process: serve until told to stop (or the parent is gone)."""
     from kvstore.cli.servers import _start_meta
+    from kvstore.cli.stopping import StopSignals
     from kvstore.meta.shardmap import StaticShards
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
+    terminated = StopSignals((signal.SIGTERM,))  # a SIGTERM of its own stops it cleanly too
     try:
         meta = _start_meta(cfg)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it
@@ -49,6 +51,8 @@ def _run_shard(cfg: MetaConfig, conn: Connection) -> None:
     conn.send(("ready", meta.address))
     try:
         while True:
+            if terminated.fileno() in wait([conn, terminated.fileno()]):
+                break
             what, value = conn.recv()
             if what == "map" and isinstance(meta.shards, StaticShards):
                 meta.shards.update(value)
