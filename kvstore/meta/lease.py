@@ -82,6 +82,10 @@ class ReadLeases:
         found = self._of.get(lease_id)
         return None if found is None else found[1]
 
+    def keys_of(self, holder: str, now: float) -> set[str]:
+        """The keys `holder` has a running lease on (a walk of every lease: for rare calls)."""
+        return {key for i, (key, h) in self._of.items() if h == holder and self._by_key[key][i] >= now}
+
     def end(self, lease_id: int, holder: str) -> bool:
         """End one lease of `holder`; False if it is not (or no longer) a lease on a stored key,
         or another holder's."""

@@ -23,8 +23,12 @@ class Held:
     grants_until: float  # the last daemon-checked grant over the space expires
 
     def due(self, now: float, grace: float) -> bool:
-        readers_done = not self.readers or self.readers_until + grace < now
-        return readers_done and self.grants_until + grace < now
+        return self.due_at(grace) < now
+
+    def due_at(self, grace: float) -> float:
+        """When nothing can touch the space any more (if no reader hands its lease back sooner)."""
+        readers_until = self.readers_until if self.readers else 0.0
+        return max(readers_until, self.grants_until) + grace
 
 
 class Quarantine:
@@ -42,6 +46,17 @@ class Quarantine:
     @property
     def bytes(self) -> int:
         return sum(h.size * len(h.locations) for h in self._held)
+
+    def returning(self, in_scope: Callable[[int], bool]) -> tuple[int, float]:
+        """(bytes, when the first of them comes due) of the held space at locations `in_scope`:
+        space on its way back, which a caller making room counts as good as free."""
+        total, first = 0, float("inf")
+        for held in self._held:
+            n = sum(1 for loc in held.locations if in_scope(loc))
+            if n:
+                total += n * held.size
+                first = min(first, held.due_at(self.grace))
+        return total, first
 
     def needed(self, readers: dict[int, float], grants_until: float, now: float) -> bool:
         """Whether space with these readers (lease id -> until) and grants must wait."""

@@ -61,6 +61,19 @@ class Reads:
         ordered = tuple(g for _, g in sorted(grants, key=lambda sg: sg[0])) if len(grants) > 1 else (grants[0][1],)
         return GetResult(size=entry.size, checksum=entry.checksum, grants=ordered, lease_id=lease_id)
 
+    def leased_in(self, holder: str, segment_ids: Sequence[str], now: float) -> list[str]:
+        """Those of `segment_ids` that hold a replica of a key `holder` has a read lease on: a
+        reader's report of a failed transfer counts only where it was given a grant."""
+        if not segment_ids:
+            return []
+        numbers: set[int] = set()
+        for key in self._st.leases.keys_of(holder, now):
+            entry = self._st.index.get(key)
+            if entry is not None:
+                numbers.update(unpack_location(loc)[0] for loc in entry.replicas())
+        found = (self._st.segments.get(sid) for sid in segment_ids)
+        return [seg.segment_id for seg in found if seg is not None and seg.number in numbers]
+
     def touched(self, keys: Sequence[str]) -> None:
         """Reads a client made from cached locations (no Get): each key becomes the most recently
         used and counts as a hit of its replicas' tiers, promotion included, as the Get it saved would."""

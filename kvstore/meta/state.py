@@ -70,6 +70,11 @@ class MetaState:
         ]
         return sum(s.allocator.used for s in segs), sum(s.allocator.capacity for s in segs)
 
+    def returning(self, numbers: set[int]) -> tuple[int, float]:
+        """(bytes, when the first comes due) of quarantined space in the segments numbered
+        `numbers`: freed, not yet reusable, and on its way back without any further eviction."""
+        return self.quarantine.returning(lambda loc: unpack_location(loc)[0] in numbers)
+
     def ssd_daemons(self) -> frozenset[str]:
         """Daemons with an SSD tier: their DRAM blocks are demoted, never dropped, to make room."""
         return self.segments.daemons_with(Tier.SSD)

@@ -210,18 +210,20 @@ class MetaStore:
         checksums: Sequence[int],
         written: Sequence[PutWritten] = (),
         failed_segments: Sequence[str] = (),
+        unchecked_ok: bool = False,
     ) -> PutEndReply:
-        """PENDING -> COMPLETE for each key, with the replicas the writer reports written."""
+        """PENDING -> COMPLETE for each key, with the replicas the writer reports written (Writes.end)."""
         validate_keys(keys, internal=True)
         if len(checksums) != len(keys) or (written and len(written) != len(keys)):
             raise InvalidArgument(f"{len(keys)} keys but {len(checksums)} checksums and {len(written)} reports")
         self._gate.check()
         if failed_segments:
             with self._lock:
-                self._writes.suspect(failed_segments, self._clock.now())
+                self._writes.reported(keys, failed_segments, self._clock.now())
 
         def work(part: range, now: float) -> list[tuple[KeyResult, int]]:
-            return [self._writes.end(keys[i], checksums[i], written[i] if written else None, now) for i in part]
+            end, none = self._writes.end, [None] * len(keys)
+            return [end(keys[i], checksums[i], (written or none)[i], now, unchecked_ok) for i in part]
 
         done = self._sliced(len(keys), work, changes=True)
         return PutEndReply(tuple(r for r, _ in done), tuple(n for _, n in done))
@@ -230,8 +232,7 @@ class MetaStore:
         validate_keys(keys, internal=True)
         with self._lock:
             now = self._clock.now()
-            if failed_segments:
-                self._writes.suspect(failed_segments, now)
+            self._writes.reported(keys, failed_segments, now)
             return [self._writes.revoke(key, now) for key in keys]  # pending puts are not journaled
 
     # -- reads ----------------------------------------------------------------------------------
@@ -251,9 +252,8 @@ class MetaStore:
         validate_keys(keys, internal=True)
         with self._lock:
             now = self._clock.now()
+            self._writes.suspect(self._reads.leased_in(client_id, failed_segments, now), now)  # before the release
             self._st.end_leases(released, client_id, now)
-            if failed_segments:
-                self._writes.suspect(failed_segments, now)
             self._reads.touched(touched[:MAX_BATCH_KEYS])
         segments: dict[str, SegmentInfo] = {}
 

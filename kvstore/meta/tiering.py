@@ -144,6 +144,8 @@ class Tiering:
         used, capacity = self._st.usage(tier, daemon_id)
         if not capacity:
             return []
+        local = {s.number for s in self._st.segments.segments(tier) if s.daemon_id == daemon_id}
+        used -= self._st.returning(local)[0]  # evicted, waiting for its last grant: not evicted again
         in_flight = sum(
             m.task.size
             for m in self._moves.values()
@@ -155,7 +157,6 @@ class Tiering:
         if need <= 0:
             return []
         protected = self._st.protected(now)
-        local = {s.number for s in self._st.segments.segments(tier) if s.daemon_id == daemon_id}
         skip = lambda key: protected(key) or self._local_replica(key, local) is None  # noqa: E731
         tasks = []
         for key in self._policy.victims(
@@ -177,6 +178,8 @@ class Tiering:
                 placed = self._st.segments.place_on(daemon_id, below, entry.size)
                 if placed is None and tier is Tier.DRAM:
                     placed = self._make_ssd_room(daemon_id, entry.size, now, owner)
+                    if placed is None and self._ssd_returning(daemon_id) >= entry.size:
+                        break  # SSD room is on its way back: demote then, rather than drop the block now
                 if placed is None and tier is Tier.GPU and daemon_id in self._st.ssd_daemons():
                     # DRAM is full but demotes to SSD: ask it for room (now, below) and wait for it
                     self._pressure[daemon_id] = self._pressure.get(daemon_id, 0) + entry.size
@@ -232,7 +235,9 @@ class Tiering:
         protected = self._st.protected(now)
         local = {s.number for s in self._st.segments.segments(Tier.SSD) if s.daemon_id == daemon_id}
         plain = lambda key: protected(key) or not self._only_on(key, local)  # noqa: E731
-        while True:
+        # Space evicted earlier that waits for its last grant is room on its way back: once it
+        # covers `size`, evicting more would free nothing sooner.
+        while self._st.returning(local)[0] < size:
             skip = quotas.sparing_reserves(self._st, plain, Tier.SSD, owner)
             victims = self._policy.victims(self._st.index, skip, size)
             if not victims:
@@ -241,6 +246,11 @@ class Tiering:
             placed = self._st.segments.place_on(daemon_id, Tier.SSD, size)
             if placed is not None:
                 return placed
+        return None
+
+    def _ssd_returning(self, daemon_id: str) -> int:
+        local = {s.number for s in self._st.segments.segments(Tier.SSD) if s.daemon_id == daemon_id}
+        return self._st.returning(local)[0]
 
     def _start(
         self, kind: MoveKind, key: str, entry: Entry, src: int, placed: tuple[Segment, int], daemon_id: str, now: float
@@ -348,9 +358,10 @@ class Tiering:
         blocks are demoted to DRAM by the daemons' claims)."""
         keep = {s.daemon_id for s in self._st.segments.segments(Tier.DRAM)} if tier is Tier.GPU else set()
         used, capacity = self._st.usage(tier, exclude=keep)
+        numbers = {s.number for s in self._st.segments.segments(tier) if s.daemon_id not in keep}
+        used -= self._st.returning(numbers)[0]  # evicted, waiting for its last grant: not evicted again
         if not capacity or used <= capacity * high:
             return
-        numbers = {s.number for s in self._st.segments.segments(tier) if s.daemon_id not in keep}
         protected = self._st.protected(now)
         plain = lambda key: protected(key) or not self._only_on(key, numbers)  # noqa: E731
         skip = quotas.sparing_reserves(self._st, plain, tier)

@@ -65,6 +65,8 @@ def evict_to_watermarks(
     tiering.enforce_watermark(Tier.SSD, config.ssd_high_watermark, config.ssd_low_watermark, now)
     ssd_daemons = st.ssd_daemons()  # their DRAM is demoted by the daemons' claims
     used, capacity = st.usage(Tier.DRAM, exclude=ssd_daemons)
+    # Space evicted earlier that waits for its last grant is on its way back: not counted again.
+    used -= st.returning({s.number for s in st.segments.segments(Tier.DRAM) if s.daemon_id not in ssd_daemons})[0]
     if capacity and used > capacity * config.high_watermark:
         need = used - int(capacity * config.low_watermark)
         skip = quotas.sparing_reserves(st, st.droppable(now, ssd_daemons), Tier.DRAM)

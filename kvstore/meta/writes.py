@@ -4,14 +4,19 @@ grants (PutStart), commit with what the writer reports of each replica (PutEnd),
 Write grants are LOCAL for replicas the writer reaches over shm (no daemon honours them), and
 expire `write_grant_ttl_s` after PutStart. A replica the writer could not write is dropped and
 its space freed once its grant can no longer be honoured; a key committed with fewer replicas
-than asked is under-replicated (copied again later). A committed replica whose daemon-checked
-grant came back without the daemon's receipt leaves that grant live until it expires: its
-space then waits that long if the key goes.
+than asked is under-replicated (copied again later).
+
+A daemon-checked replica is committed only with the daemon's receipt for exactly its grant:
+without one nothing proves a byte was written, and the range may still hold whatever its last
+owner (perhaps another tenant) left there. The one exception is a writer trusted with the
+transports no daemon checks (shm, mooncake: `unchecked_ok`), which can read those segments
+whole anyway; its receipt-less replica keeps its grant live until it expires.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 from kvstore.config import MetaConfig
@@ -20,7 +25,8 @@ from kvstore.grant import LOCAL, GrantSigner
 from kvstore.meta import quotas
 from kvstore.meta.eviction import EvictionPolicy
 from kvstore.meta.index import ObjectState, PendingPut
-from kvstore.meta.segments import Segment, pack_location, unpack_location
+from kvstore.meta.room import Room, make_room
+from kvstore.meta.segments import pack_location, unpack_location
 from kvstore.meta.state import MetaState
 from kvstore.meta.tenants import tenant_of
 from kvstore.meta.tiering import Tiering
@@ -29,7 +35,6 @@ from kvstore.types import GrantMode, Tier
 
 log = logging.getLogger(__name__)
 
-EVICTION_STEP = 0.05  # when out of room, evict at least this share of capacity per round
 RETRY_AFTER_MS = 50
 
 
@@ -66,17 +71,26 @@ class Writes:
             )
         tenant = tenant_of(key)
         if self._st.tenants.limited:
-            placed, refusal = self._place_within_quota(size, replica_num, now, tenant)
+            room, refusal = self._place_within_quota(size, replica_num, now, tenant)
             if refusal:
                 return PutStartResult(ErrorCode.QUOTA_EXCEEDED, refusal)
         else:
-            placed = self._place(size, replica_num, now, tenant)
+            room = self._place(size, replica_num, now, tenant)
+        placed = room.placed
         if not placed:
             if self._tiering.want_room(size, now):
                 return PutStartResult(
                     ErrorCode.NO_SPACE,
                     "DRAM is full; blocks are being demoted to SSD: retry",
                     retry_after_ms=RETRY_AFTER_MS,
+                )
+            if room.retry_after_s:
+                wait_ms = math.ceil(room.retry_after_s * 1000)
+                return PutStartResult(
+                    ErrorCode.NO_SPACE,
+                    f"no room for {size} bytes now: evicted space is reusable once its last grant ends, "
+                    f"in {wait_ms} ms: retry then",
+                    retry_after_ms=wait_ms,
                 )
             return PutStartResult(
                 ErrorCode.NO_SPACE,
@@ -97,8 +111,11 @@ class Writes:
         )
         return PutStartResult(grants=grants)
 
-    def end(self, key: str, checksum: int, written: PutWritten | None, now: float) -> tuple[KeyResult, int]:
-        """PENDING -> COMPLETE with the replicas that were written; (outcome, replicas kept)."""
+    def end(
+        self, key: str, checksum: int, written: PutWritten | None, now: float, unchecked_ok: bool = False
+    ) -> tuple[KeyResult, int]:
+        """PENDING -> COMPLETE with the replicas that were written; (outcome, replicas kept).
+        `unchecked_ok`: the writer may have used a transport that gives no receipt."""
         put = self._st.index.get_pending(key)
         if put is None:
             entry = self._st.index.get(key)
@@ -108,10 +125,14 @@ class Writes:
                 ErrorCode.KEY_NOT_FOUND,
                 f"no put of {key!r} in progress (revoked after its put lease, or its daemon died): put it again",
             ), 0
-        kept, lost, unproven = self._sort_replicas(put, written)
+        kept, lost, unproven = self._sort_replicas(put, written, unchecked_ok)
         if not kept:
             self._st.revoke(key, now)
-            return KeyResult(ErrorCode.KEY_NOT_FOUND, f"no replica of {key!r} was written: put it again"), 0
+            return KeyResult(
+                ErrorCode.KEY_NOT_FOUND,
+                f"no replica of {key!r} was written (a daemon-checked replica needs its daemon's receipt): "
+                "put it again",
+            ), 0
         self._st.index.set_replicas(key, tuple(loc for _, loc in kept))
         entry = self._st.index.commit(key, checksum)
         self._st.held(key, entry.replicas(), +1, entry.size)
@@ -125,10 +146,11 @@ class Writes:
         return OK, len(kept)
 
     def _sort_replicas(
-        self, put: PendingPut, written: PutWritten | None
+        self, put: PendingPut, written: PutWritten | None, unchecked_ok: bool
     ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], bool]:
         """(kept, lost) as (replica, location), and whether a kept daemon-checked grant came
-        back without its receipt. Replicas in segments that went away are neither."""
+        back without its receipt (only if `unchecked_ok`: else such a replica is lost). Replicas
+        in segments that went away are neither."""
         kept, lost, unproven = [], [], False
         receipts = written.receipts if written is not None else ()
         failed = written.failed if written is not None else 0
@@ -139,11 +161,15 @@ class Writes:
             if failed >> r & 1:
                 lost.append((r, loc))
                 continue
-            kept.append((r, loc))
             if put.checked >> r & 1:
                 seg = self._st.segments.by_number(number)
                 grant = self._signer.sign(seg.segment_id, offset, put.size, GrantMode.WRITE, put.grant_until_ms)
-                unproven |= not self._signer.receipt_ok(grant, receipts[r] if r < len(receipts) else b"")
+                if not self._signer.receipt_ok(grant, receipts[r] if r < len(receipts) else b""):
+                    if not unchecked_ok:
+                        lost.append((r, loc))
+                        continue
+                    unproven = True
+            kept.append((r, loc))
         return kept, lost, unproven
 
     def announce(self, segment_id: str, blocks: Sequence[Block]) -> list[KeyResult]:
@@ -175,6 +201,19 @@ class Writes:
         self._st.revoke(key, now)
         return OK
 
+    def reported(self, keys: Sequence[str], failed_segments: Sequence[str], now: float) -> None:
+        """A writer's report of failed transfers: it counts only where these puts were placed."""
+        if failed_segments:
+            self.suspect(self._placed_in(keys, failed_segments), now)
+
+    def _placed_in(self, keys: Sequence[str], segment_ids: Sequence[str]) -> list[str]:
+        numbers: set[int] = set()
+        for key in keys:
+            put = self._st.index.get_pending(key)
+            if put is not None:
+                numbers.update(unpack_location(loc)[0] for loc in put.locations)
+        return [sid for sid in segment_ids if (seg := self._st.segments.get(sid)) is not None and seg.number in numbers]
+
     def suspect(self, failed_segments: Sequence[str], now: float) -> None:
         """A client's transfers to these segments failed: place nothing on their daemons for a
         while (until they mount again, or the suspicion runs out)."""
@@ -183,9 +222,7 @@ class Writes:
                 "daemon %s failed a client's transfer: avoided for %.0f s", daemon_id, self.config.suspect_ttl_s
             )
 
-    def _place_within_quota(
-        self, size: int, replica_num: int, now: float, tenant: int
-    ) -> tuple[list[tuple[Segment, int]], str]:
+    def _place_within_quota(self, size: int, replica_num: int, now: float, tenant: int) -> tuple[Room, str]:
         """Placement for a tenant with quotas: GPU only within its GPU quota, DRAM after making
         room within its DRAM quota (its own blocks first); (placement, why it is refused)."""
         need = size * replica_num
@@ -193,34 +230,36 @@ class Writes:
         refusal = quotas.make_room(self._st, self._policy, tenant, Tier.DRAM, need, now)
         if not refusal:
             return self._place(size, replica_num, now, tenant, gpu=gpu), ""
-        placed = self._place(size, replica_num, now, tenant, dram=False) if gpu else []
-        return placed, "" if placed else refusal
+        room = self._place(size, replica_num, now, tenant, dram=False) if gpu else Room()
+        return room, "" if room.placed else refusal
 
-    def _place(
-        self, size: int, replica_num: int, now: float, tenant: int, gpu: bool = True, dram: bool = True
-    ) -> list[tuple[Segment, int]]:
+    def _place(self, size: int, replica_num: int, now: float, tenant: int, gpu: bool = True, dram: bool = True) -> Room:
         # The hottest tier first, filled as DRAM is: past its high watermark its least recently used
         # blocks are demoted to DRAM (tiering.py), so the GPU holds the newest and the promoted.
+        segments = self._st.segments
         gpu_used, gpu_capacity = self._st.usage(Tier.GPU)
         if gpu and gpu_capacity and gpu_used + size <= gpu_capacity:
-            placed = self._st.segments.place(size, replica_num, Tier.GPU, now)
+            placed = segments.place(size, replica_num, Tier.GPU, now)
             if placed:
-                return placed
+                return Room(placed)
         if not dram:
-            return []
+            return Room()
         # Daemons under suspicion (a client just failed to reach them: likely dead) are not given a
-        # block while room can be made on the others: a put placed only there would fail.
-        placed = self._st.segments.place(size, replica_num, Tier.DRAM, now, suspects=False)
-        # Room is made by dropping least recently used blocks, except on daemons with an SSD
-        # tier: there blocks are demoted by the daemon (asynchronously; the put is told to retry).
-        # Other tenants keep their reserved bytes.
-        ssd_daemons = self._st.ssd_daemons()
-        capacity = self._st.usage(Tier.DRAM, exclude=ssd_daemons)[1]
-        while not placed and capacity:
-            skip = quotas.sparing_reserves(self._st, self._st.droppable(now, ssd_daemons), Tier.DRAM, tenant)
-            victims = self._policy.victims(self._st.index, skip, max(size, int(capacity * EVICTION_STEP)))
-            if not victims:
-                break
-            self._st.evict(victims, now)
-            placed = self._st.segments.place(size, replica_num, Tier.DRAM, now, suspects=False)
-        return placed or self._st.segments.place(size, replica_num, Tier.DRAM, now)
+        # block while there is room, or room can be made, on the others: a put placed there may fail.
+        placed = segments.place(size, replica_num, Tier.DRAM, now, suspects=False)
+        if placed:
+            return Room(placed)
+        # Room is made by dropping least recently used blocks, except on daemons with an SSD tier:
+        # there blocks are demoted by the daemon (asynchronously; the put is told to retry). Other
+        # tenants keep their reserved bytes.
+        droppable = {s.daemon_id for s in segments.usable(Tier.DRAM)} - self._st.ssd_daemons()
+        trusted = frozenset(d for d in droppable if not segments.is_suspect(d, now))
+        room = make_room(self._st, self._policy, size, replica_num, now, tenant, trusted, suspects=False)
+        if room.placed or room.retry_after_s:
+            return room
+        # Only suspected daemons are left: one with room takes the block; else room is made there,
+        # no more than this block needs (a suspicion never costs the store more).
+        placed = segments.place(size, replica_num, Tier.DRAM, now)
+        if placed:
+            return Room(placed)
+        return make_room(self._st, self._policy, size, replica_num, now, tenant, frozenset(droppable), suspects=True)

@@ -11,7 +11,7 @@ from kvstore.grant import LOCAL
 from kvstore.meta.state import GRACE_S
 from kvstore.meta.store import MetaStore
 from kvstore.results import MoveOutcome, PutWritten
-from kvstore.types import MAX_BATCH_KEYS, MoveKind, Tier
+from kvstore.types import MAX_BATCH_KEYS, GrantMode, MoveKind, Tier
 from tests.meta_helpers import HOST, SIGNER, commit, receipts, segment
 
 SEG = 4096
@@ -78,15 +78,39 @@ def test_a_lease_ends_only_by_its_holder(store, clock):
     assert store.remove(["a"])[0].code is ErrorCode.OK
 
 
-@pytest.mark.parametrize("proof", ["receipt", "none", "forged"])
-def test_a_commit_without_a_valid_receipt_leaves_its_write_grant_live(store, clock, proof):
+def test_a_receipt_commits_and_spends_the_write_grant(store, clock):
     r = stored(store)
-    written = {"receipt": receipts(r), "none": PutWritten(0, (b"",)), "forged": PutWritten(0, (bytes(16),))}[proof]
-    store.put_end(["a"], [1], [written])
+    assert store.put_end(["a"], [1], [receipts(r)]).results[0].code is ErrorCode.OK
     store.remove(["a"])
-    if proof == "receipt":              # the daemon took the grant: nothing can write there again
-        assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.OK
-        return
+    assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.OK  # nothing can write there again
+
+
+@pytest.mark.parametrize("proof", ["none", "forged", "another grant's"])
+def test_a_daemon_checked_replica_without_its_receipt_is_not_committed(store, clock, proof):
+    """Nothing proves a byte was written: the range may still hold its last owner's bytes."""
+    r = stored(store)
+    other = SIGNER.sign("s1", r.grants[0].offset, 16, GrantMode.WRITE, r.grants[0].expires_ms)  # a shorter range
+    written = {"none": PutWritten(0, (b"",)), "forged": PutWritten(0, (bytes(16),)),
+               "another grant's": PutWritten(0, (SIGNER.receipt(other),))}[proof]
+    [result] = store.put_end(["a"], [1], [written]).results
+    assert result.code is ErrorCode.KEY_NOT_FOUND and "receipt" in result.message
+    assert store.exists(["a"]) == [False]
+    assert store.get(["a"]).results[0].code is ErrorCode.KEY_NOT_FOUND
+    # The unspent grant may still write there until it expires: the space waits for it.
+    assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.NO_SPACE
+    clock.advance(WRITE + GRACE_S + 0.1)
+    store.tick()
+    assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.OK
+
+
+@pytest.mark.parametrize("proof", ["none", "forged"])
+def test_a_writer_trusted_with_unchecked_transports_commits_without_a_receipt_and_its_grant_stays_live(
+    store, clock, proof
+):
+    r = stored(store)
+    written = {"none": PutWritten(0, (b"",)), "forged": PutWritten(0, (bytes(16),))}[proof]
+    assert store.put_end(["a"], [1], [written], unchecked_ok=True).results[0].code is ErrorCode.OK
+    store.remove(["a"])
     assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.NO_SPACE
     clock.advance(WRITE + GRACE_S + 0.1)
     store.tick()
