@@ -1,9 +1,12 @@
 """The metadata service's fast lane server (see kvstore/fastrpc.py for the framing).
 
 Every frame is handed to the same MetaHandlers that gRPC calls, so both lanes share one
-translation layer and one set of errors. A connection authenticates once, with the token in its
-HELLO; a token that is missing or unknown, or revoked later, gets an error frame and the
-connection closed. With a TLS context, a connection speaks TLS from its first byte."""
+translation layer and one set of errors. A connection authenticates with the token in its HELLO,
+and is checked again on a call whenever the tenant registry changed since (auth.Session: a
+takeover, a rebuild, a tenant or token changed), so what a token grants is what the registry
+of the store answering says now. A token that is missing or unknown, or revoked or expired
+later, gets an error frame and the connection closed. With a TLS context, a connection speaks
+TLS from its first byte."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import threading
 from kvstore import __version__, fastrpc, wire
 from kvstore.connlimit import Admission, Limits, peer_host
 from kvstore.errors import InvalidArgument, KVStoreError, Unauthenticated, Unavailable
-from kvstore.meta.auth import Authenticator, Principal
+from kvstore.meta.auth import Authenticator, Session
 from kvstore.meta.handlers import MetaHandlers
 from kvstore.v1 import meta_pb2 as pb
 
@@ -103,8 +106,8 @@ class FastLaneServer:
         try:
             if self._tls is not None:
                 conn = self._secure(conn)
-            who = self._greet(conn)
-            while who is not None and self._serve_one(conn, who):
+            session = self._greet(conn)
+            while session is not None and self._serve_one(conn, session):
                 pass
         except (EOFError, OSError):
             pass  # gone, idle past the timeout, a frame that dawdled, or a failed TLS handshake
@@ -127,7 +130,7 @@ class FastLaneServer:
         wrapped.settimeout(self._admission.limits.idle_timeout_s)
         return wrapped
 
-    def _greet(self, conn: socket.socket) -> Principal | None:
+    def _greet(self, conn: socket.socket) -> Session | None:
         """Take the client's HELLO; answer WELCOME, or an error (and close: None) for another
         protocol or a token the service does not accept."""
         try:
@@ -151,15 +154,15 @@ class FastLaneServer:
             conn.sendall(_error_frame(refusal))
             return None
         try:
-            who = self._auth.principal(hello.token)
+            session = self._auth.session(hello.token)
         except Unauthenticated as exc:
             conn.sendall(_error_frame(exc))
             return None
         welcome = pb.FastLaneWelcome(protocol=fastrpc.PROTOCOL, server_version=__version__)
         conn.sendall(fastrpc.response_frame(welcome.SerializeToString()))
-        return who
+        return session
 
-    def _serve_one(self, conn: socket.socket, who: Principal) -> bool:
+    def _serve_one(self, conn: socket.socket, session: Session) -> bool:
         """Answer one call; False when the connection must close."""
         try:
             (length, method_id), payload = fastrpc.recv_frame(
@@ -170,8 +173,10 @@ class FastLaneServer:
             conn.sendall(_error_frame(InvalidArgument(f"bad frame (method {method_id}, {length} bytes): closing")))
             return False
         method = fastrpc.METHODS[method_id]
-        if not self._auth.still_valid(who):
-            conn.sendall(_error_frame(Unauthenticated("this connection's token was revoked: closing")))
+        try:
+            who = self._auth.current(session)
+        except Unauthenticated as exc:
+            conn.sendall(_error_frame(Unauthenticated(f"{exc} (this connection's token): closing")))
             return False
         try:
             request = method.request.FromString(payload)

@@ -270,7 +270,7 @@ class MetaHandlers:
     def Stats(self, request: pb.StatsRequest, who: Principal) -> pb.StatsResponse:
         standing = self.stores.standing()
         store = self.stores.current()
-        if store is None:
+        if store is None or who.unchecked is not None:  # a tenant token no registry here checked
             response = pb.StatsResponse()
         elif who.admin or who.daemon:
             response = wire.stats_to_pb(store.stats())

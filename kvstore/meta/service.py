@@ -17,7 +17,7 @@ from kvstore import fastrpc, tokens, wire
 from kvstore.admin import AdminServer, Response
 from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
-from kvstore.errors import KVStoreError, to_grpc_status
+from kvstore.errors import KVStoreError, Unavailable, to_grpc_status
 from kvstore.events.service import ServiceEvents
 from kvstore.grant import GrantSigner
 from kvstore.logs import RateLimited
@@ -112,6 +112,20 @@ def _current_stats(stores: Stores) -> Callable[[], StoreStats | None]:
     return stats
 
 
+def _why_no_store(stores: Stores) -> Callable[[], KVStoreError]:
+    """What a tenant token's call hears where no store (so no tenant registry) answers: a
+    standby's NotLeader naming the leader, or a leader's Unavailable while it loads."""
+
+    def why() -> KVStoreError:
+        try:
+            stores.for_reads()
+        except KVStoreError as exc:
+            return exc
+        return Unavailable("this metadata service is loading its tenants: retry")
+
+    return why
+
+
 def _observability(config: MetaConfig, stats: Callable[[], StoreStats | None]) -> tuple[ServiceMetrics | None, History]:
     """The service's metrics (None when off) and its history of samples (always: it also logs
     daemons coming and going, and eviction pressure)."""
@@ -177,6 +191,7 @@ class MetaServer:
             signer.daemon_token,
             lambda: s.tenants if (s := stores.current()) else None,
             clock,
+            _why_no_store(stores),
         )
         self._server.add_generic_rpc_handlers((grpc_handler(handlers, self.auth),))
         self._health = health.HealthServicer()

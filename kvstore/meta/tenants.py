@@ -13,6 +13,7 @@ the token and when it was made. A token itself is never kept.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import Counter
@@ -26,6 +27,7 @@ DEFAULT_ID = 0
 DEFAULT_NAME = "default"
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 MAX_TOKENS = 64  # per tenant: revoke old ones to make more
+_GENERATIONS = itertools.count(1)  # one sequence for the process: no two registries share a value
 
 
 def scoped(tenant: int, key: str) -> str:
@@ -113,9 +115,15 @@ def check_name(name: str) -> str:
 
 class TenantRegistry:
     """The tenants, by name and id, and their tokens by id. Changed under the store's lock;
-    `lookup` reads it without one (single dict reads)."""
+    `lookup` reads it without one (single dict reads).
+
+    `generation` changes, after the change is in place, whenever what a token grants may have:
+    a tenant added, loaded or changed, a token made or revoked. It is unique in the process, so
+    a registry of another store (a takeover, a rebuild) never has the value of this one: what
+    authenticated earlier is still good while the generation it was checked against is current."""
 
     def __init__(self) -> None:
+        self.generation = next(_GENERATIONS)
         self._by_name: dict[str, Tenant] = {}
         self._by_id: dict[int, Tenant] = {}
         self._by_token: dict[str, Tenant] = {}
@@ -132,6 +140,7 @@ class TenantRegistry:
         self._by_id[tenant.id] = tenant
         for token_id in tenant.tokens:
             self._by_token[token_id] = tenant
+        self.generation = next(_GENERATIONS)
 
     def load(self, records: dict[str, bytes]) -> None:
         for name, data in records.items():
@@ -202,6 +211,7 @@ class TenantRegistry:
             token_id, token = tokens.new_tenant_token()
         tenant.tokens[token_id] = Token(tokens.digest(token), now, now + ttl_s if ttl_s > 0 else 0.0)
         self._by_token[token_id] = tenant
+        self.generation = next(_GENERATIONS)
         self.changed.add(name)
         return token_id, token
 
@@ -214,6 +224,7 @@ class TenantRegistry:
         for i in ids:
             del tenant.tokens[i]
             self._by_token.pop(i, None)
+        self.generation = next(_GENERATIONS)
         self.changed.add(name)
         return len(ids)
 
@@ -227,10 +238,11 @@ class TenantRegistry:
             return None
         return tenant if not kept.expires or now < kept.expires else None
 
-    def token_alive(self, token_id: str, now: float) -> bool:
+    def expiry(self, token_id: str) -> float:
+        """When token `token_id` runs out (unix seconds; 0: never, or no such token)."""
         tenant = self._by_token.get(token_id)
         kept = tenant.tokens.get(token_id) if tenant is not None else None
-        return kept is not None and (not kept.expires or now < kept.expires)
+        return kept.expires if kept is not None else 0.0
 
     def take_changes(self) -> dict[str, bytes | None]:
         changes: dict[str, bytes | None] = {n: self._by_name[n].encode() for n in self.changed}

@@ -133,9 +133,11 @@ def test_tokens_authenticate_until_revoked_and_are_kept_hashed(h, store):
     for bad in ("", "kvsa_operatoR", made.token[:-1], made.token + "x", "kvst_00000000_" + "x" * 43, "x" * 10000):
         with pytest.raises(Unauthenticated):
             auth.principal(bad)
-    who = auth.principal(made.token)
+    session = auth.session(made.token)
+    assert auth.current(session).name == "a"
     assert call(h, "TenantRevoke", OPERATOR, name="a").revoked == 1
-    assert not auth.still_valid(who)
+    with pytest.raises(Unauthenticated):
+        auth.current(session)
     with pytest.raises(Unauthenticated):
         auth.principal(made.token)
 
@@ -218,10 +220,11 @@ def test_a_token_with_a_ttl_stops_working_when_it_runs_out():
     add(h, "a")
     auth = Authenticator(True, "", SIGNER.daemon_token, lambda: store.tenants, clock)
     made = call(h, "TenantToken", OPERATOR, name="a", ttl_ms=60_000)
-    who = auth.principal(made.token)
+    session = auth.session(made.token)
     clock.advance(59)
-    assert auth.still_valid(who) and auth.principal(made.token).name == "a"
+    assert auth.current(session).name == "a" and auth.principal(made.token).name == "a"
     clock.advance(2)
-    assert not auth.still_valid(who)
+    with pytest.raises(Unauthenticated):
+        auth.current(session)
     with pytest.raises(Unauthenticated):
         auth.principal(made.token)
