@@ -7,7 +7,8 @@ finding a block that fits is O(1): any block of a higher class is large enough).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 
 class OffsetAllocator:
@@ -61,6 +62,44 @@ class OffsetAllocator:
             self._insert(offset + need, start + length - offset - need)
         self.used += need
         return True
+
+    def reserve_all(self, ranges: Sequence[tuple[int, int]]) -> list[bool]:
+        """reserve() each (offset, size) in turn, with the same answers (a range overlapping one
+        reserved before it is refused), in O((n + f) log(n + f)) for n ranges and f free blocks
+        where n reserve() calls cost O(n * f): how a service taking over restores a segment."""
+        claims = sorted(
+            (offset, need, i)
+            for i, (offset, size) in enumerate(ranges)
+            if offset % self.alignment == 0 and 0 <= offset <= self.capacity - (need := self.aligned(max(size, 1)))
+        )
+        # One sweep of the claims and the free blocks, both by offset, finds the block holding each.
+        free = sorted(self._free_at.items())
+        inside = []
+        b = -1
+        for offset, need, i in claims:
+            while b + 1 < len(free) and free[b + 1][0] <= offset:
+                b += 1
+            if b >= 0 and offset + need <= free[b][0] + free[b][1]:
+                inside.append(_Claim(offset, need, i, free[b][0]))
+        taken = _first_come(inside)
+        # Carve the taken ranges (disjoint, by offset) out of their blocks, a block at a time.
+        block, cursor, end = -1, 0, 0
+        for c in taken:
+            if c.block != block:
+                if cursor < end:
+                    self._insert(cursor, end - cursor)
+                block = cursor = c.block
+                end = block + self._remove(block)
+            if c.offset > cursor:
+                self._insert(cursor, c.offset - cursor)
+            cursor = c.offset + c.need
+            self.used += c.need
+        if cursor < end:
+            self._insert(cursor, end - cursor)
+        answers = [False] * len(ranges)
+        for c in taken:
+            answers[c.order] = True
+        return answers
 
     def free(self, offset: int, size: int) -> None:
         """Return a block given by allocate(size); merges with free neighbours."""
@@ -137,3 +176,89 @@ class OffsetAllocator:
             assert offset >= end, f"{kind} block at {offset} overlaps the block before it"
             end = offset + size
         assert sum(s for _, s, k in spans if k == "used") == self.used, "used bytes disagree with blocks"
+
+
+class _Claim(NamedTuple):
+    """A range reserve_all() is asked for that lies in a free block: its place among the ranges
+    asked (`order`) and the start of that block."""
+
+    offset: int
+    need: int
+    order: int
+    block: int
+
+
+def _first_come(by_offset: list[_Claim]) -> list[_Claim]:
+    """Of claims (by offset; each free on its own), those that taking them in order would take:
+    one is refused if it overlaps one taken before it. The taken ones, by offset. A claim that
+    overlaps no other is taken in one sweep; a cluster of k claims chained by overlaps is settled
+    in O(k log k)."""
+    taken: list[_Claim] = []
+    cluster: list[_Claim] = []
+    reach = 0  # end of the cluster so far
+    for c in by_offset:
+        if cluster and c.offset >= reach:
+            taken.extend(_settle(cluster))
+            cluster = []
+        reach = max(reach, c.offset + c.need) if cluster else c.offset + c.need
+        cluster.append(c)
+    if cluster:
+        taken.extend(_settle(cluster))
+    return taken
+
+
+def _settle(cluster: list[_Claim]) -> list[_Claim]:
+    """The claims of a cluster (by offset) taken first come, first served, by offset.
+
+    The claims taken are disjoint, so by offset their ends ascend too: a claim overlaps one taken
+    iff it overlaps the nearest taken one on either side of it by offset."""
+    if len(cluster) == 1:
+        return cluster
+    marks = _Marks(len(cluster))
+    taken = [False] * len(cluster)
+    for p in sorted(range(len(cluster)), key=lambda p: cluster[p].order):
+        c = cluster[p]
+        before = marks.count_before(p)
+        if before:
+            left = cluster[marks.kth(before)]
+            if left.offset + left.need > c.offset:
+                continue
+        if before < marks.count and cluster[marks.kth(before + 1)].offset < c.offset + c.need:
+            continue
+        marks.mark(p)
+        taken[p] = True
+    return [c for p, c in enumerate(cluster) if taken[p]]
+
+
+class _Marks:
+    """Positions 0..n-1, some marked: counts of marked positions before one, and the k-th marked
+    position, in O(log n) each (a Fenwick tree of counts)."""
+
+    def __init__(self, n: int) -> None:
+        self._tree = [0] * (n + 1)
+        self._top = 1 << (n.bit_length() - 1)  # the highest power of two <= n
+        self.count = 0
+
+    def mark(self, p: int) -> None:
+        self.count += 1
+        i = p + 1
+        while i < len(self._tree):
+            self._tree[i] += 1
+            i += i & -i
+
+    def count_before(self, p: int) -> int:
+        total, i = 0, p
+        while i:
+            total += self._tree[i]
+            i -= i & -i
+        return total
+
+    def kth(self, k: int) -> int:
+        """The position of the k-th marked one (1 <= k <= count)."""
+        pos, step = 0, self._top
+        while step:
+            if pos + step < len(self._tree) and self._tree[pos + step] < k:
+                pos += step
+                k -= self._tree[pos]
+            step >>= 1
+        return pos

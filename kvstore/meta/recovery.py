@@ -44,12 +44,22 @@ def restore(
     for seg in segments:
         st.segments.mount(seg.info, mono, number=seg.number, confirmed=False)
         n_segments += 1
-    kept = replicas_dropped = objects_dropped = 0
-    for key, record in objects:
-        locations = []
+    records = list(objects)
+    # Each segment's ranges are reserved together, in record order: one reserve() per replica
+    # would scan the free list each time, quadratic in the blocks of a segment.
+    claims: dict[int, list[tuple[int, int]]] = {}  # segment number -> (offset, size) per replica
+    for _, record in records:
         for loc in record.locations:
             number, offset = unpack_location(loc)
-            if st.segments.has_number(number) and st.segments.by_number(number).allocator.reserve(offset, record.size):
+            if st.segments.has_number(number):
+                claims.setdefault(number, []).append((offset, record.size))
+    reserved = {n: iter(st.segments.by_number(n).allocator.reserve_all(ranges)) for n, ranges in claims.items()}
+    kept = replicas_dropped = objects_dropped = 0
+    for key, record in records:
+        locations = []
+        for loc in record.locations:
+            number = unpack_location(loc)[0]
+            if number in reserved and next(reserved[number]):
                 locations.append(loc)
             else:
                 replicas_dropped += 1

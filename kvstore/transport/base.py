@@ -7,12 +7,14 @@ every grant. Implementations register by name in registry.py and are imported la
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple, TypeVar
+from typing import ClassVar, NamedTuple, NoReturn, TypeVar
 
 from kvstore.clock import Clock, SystemClock, now_ms
 from kvstore.config import ClientConfig, DaemonConfig
@@ -67,6 +69,16 @@ def checked_view(segment: SegmentInfo, t: Transfer, mode: GrantMode, transport: 
 
 
 _Fields = TypeVar("_Fields")
+
+
+def _first_repeated(grants: Sequence[Grant]) -> Grant:
+    """The first grant whose MAC an earlier one in `grants` has (there must be one)."""
+    seen: set[bytes] = set()
+    for g in grants:
+        if g.mac in seen:
+            return g
+        seen.add(g.mac)
+    raise ValueError("no grant is repeated")
 
 
 class Transport(ABC):
@@ -139,7 +151,14 @@ class GrantChecker:
         self.clock = clock or SystemClock()
         self.observer = observer  # told of every refusal, by reason
         self._taken: dict[bytes, int] = {}  # MAC of a taken write grant -> its expiry (ms)
-        self._lock = threading.Lock()
+        # One entry per request that took grants, ordered by the latest expiry among them: the
+        # entries at the front name grants that can all be forgotten, so pruning costs what it drops.
+        self._expiring: list[tuple[int, int, tuple[bytes, ...]]] = []  # (expiry ms, seq, MACs)
+        self._seq = itertools.count()
+        # Grants expiring before this may have been forgotten: a request that checked one before it
+        # expired but reaches the take only after it was forgotten must not take it again.
+        self._forgotten_before = 0
+        self._lock = threading.Lock()  # shared by all of a daemon's transports: held briefly
 
     def check(self, grant: Grant, mode: GrantMode) -> SegmentStorage:
         """The segment the grant is for, or PermissionDenied (a WRITE grant is taken: use
@@ -163,25 +182,50 @@ class GrantChecker:
                 raise
             placed.append(seg)
         if mode is GrantMode.WRITE:
-            try:
-                self._take(grants, now)
-            except PermissionDenied:
-                self.observer.refused(mode, "reused")
-                raise
+            self._take(grants, now)
         return placed
 
     def _take(self, grants: Sequence[Grant], now: int) -> None:
+        """Take a WRITE request's grants, all or none; PermissionDenied if one is taken already,
+        twice in the request, or may have been forgotten."""
+        # What is O(grants) and private to the request is done before the shared lock.
+        fresh = {g.mac: g.expires_ms for g in grants}
+        if len(fresh) < len(grants):
+            self._refuse(_first_repeated(grants), "reused")
+        if not fresh:
+            return
+        macs = tuple(fresh)
+        first_expiry, last_expiry = min(fresh.values()), max(fresh.values())
         with self._lock:
-            for i, grant in enumerate(grants):
-                if grant.mac in self._taken or any(g.mac == grant.mac for g in grants[:i]):
-                    raise PermissionDenied(
-                        f"write grant for [{grant.offset}, +{grant.length}) of {grant.segment_id} was used "
-                        "already: a grant writes once; put the key again"
-                    )
-            for grant in grants:
-                self._taken[grant.mac] = grant.expires_ms
-            if len(self._taken) > _PRUNE_AT and next(iter(self._taken.values())) < now:
-                self._taken = {mac: until for mac, until in self._taken.items() if until >= now}
+            # The check and the insert stay under one hold: two requests with the same grant
+            # must not both find it free.
+            if first_expiry < self._forgotten_before:
+                refused = min(grants, key=lambda g: g.expires_ms), "expired"
+            elif not self._taken.keys().isdisjoint(macs):
+                refused = next(g for g in grants if g.mac in self._taken), "reused"
+            else:
+                self._taken.update(fresh)
+                heapq.heappush(self._expiring, (last_expiry, next(self._seq), macs))
+                self._prune(now)
+                return
+        self._refuse(*refused)
+
+    def _prune(self, now: int) -> None:
+        """Forget the grants of requests whose every grant expired before `now` (lock held)."""
+        while self._expiring and self._expiring[0][0] < now:
+            last_expiry, _, macs = heapq.heappop(self._expiring)
+            for mac in macs:
+                del self._taken[mac]
+            self._forgotten_before = last_expiry + 1  # popped in expiry order: only ever grows
+
+    def _refuse(self, grant: Grant, reason: str) -> NoReturn:
+        self.observer.refused(GrantMode.WRITE, reason)
+        if reason == "expired":
+            raise PermissionDenied(f"write grant for [{grant.offset}, +{grant.length}) of {grant.segment_id} expired")
+        raise PermissionDenied(
+            f"write grant for [{grant.offset}, +{grant.length}) of {grant.segment_id} was used "
+            "already: a grant writes once; put the key again"
+        )
 
     def receipt(self, grant: Grant) -> bytes:
         """The receipt for a write grant whose bytes landed (for the writer's PutEnd)."""
@@ -192,9 +236,6 @@ class GrantChecker:
         first grant's expiry (after it, the space may be handed to another key)."""
         left_ms = min(g.expires_ms for g in grants) - now_ms(self.clock) if grants else 0
         return time.monotonic() + max(0, left_ms) / 1000
-
-
-_PRUNE_AT = 4096  # taken write grants remembered before expired ones are dropped
 
 
 class TransportServer(ABC):

@@ -168,13 +168,14 @@ class TcpServer(TransportServer):
         try:
             table = memoryview(body)[id_len : id_len + count * ITEM.size]
             grants = unpack_grants(bytes(body[:id_len]).decode(), table)
+            # Derived before the check, so the time the check takes comes out of the grants' time.
+            deadline = self._checker.deadline(grants) if grants else started  # no grant: a ping, answered OK
             placed = list(zip(self._checker.check_all(grants, mode), grants, strict=True))
         except (KVStoreError, ValueError) as exc:  # ValueError: bad UTF-8
             conn.sendall(encode_reply(getattr(exc, "code", ErrorCode.INVALID_ARGUMENT), str(exc)))
             return mode is GrantMode.READ
         nbytes = sum(g.length for g in grants)
         self.observer.admit(self.name, mode, nbytes)
-        deadline = self._checker.deadline(grants) if grants else started  # no grant: a ping, answered OK
         begun = time.perf_counter()
         if mode is GrantMode.WRITE:
             self._receive_payload(conn, placed, deadline)

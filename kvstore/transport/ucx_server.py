@@ -206,6 +206,8 @@ class UcxServer(TransportServer):
             segment_id = bytes(message[HEADER.size : HEADER.size + id_len]).decode()
             table = message[HEADER.size + id_len : HEADER.size + id_len + count * ITEM.size]
             grants = unpack_grants(segment_id, table)
+            # Derived before the check, so the time the check takes comes out of the batch's time.
+            deadline = min(time.monotonic() + _BATCH_TIMEOUT_S, self._checker.deadline(grants))
             placed = list(zip(self._checker.check_all(grants, mode), grants, strict=True))
         except (KVStoreError, ValueError, struct.error) as exc:  # ValueError: bad UTF-8 or mode
             code = getattr(exc, "code", ErrorCode.INVALID_ARGUMENT)
@@ -214,9 +216,9 @@ class UcxServer(TransportServer):
         # Counted when started: requests complete asynchronously on the worker, so they are not timed.
         self.observer.transferred(self.name, mode, sum(g.length for g in grants), None)
         if mode is GrantMode.READ:
-            self._serve_read(conn_id, seq, placed)
+            self._serve_read(conn_id, seq, placed, deadline)
         else:
-            self._serve_write(conn_id, seq, placed)
+            self._serve_write(conn_id, seq, placed, deadline)
 
     def _hello(self, message: memoryview, seq: int) -> None:
         """A new client: make an endpoint back to its worker and tell it its connection id."""
@@ -239,7 +241,7 @@ class UcxServer(TransportServer):
             _log.warning("ucx: answering a hello failed (%s); dropping the client", exc)
             self._drop(self._next_id)
 
-    def _serve_read(self, conn_id: int, seq: int, placed: list[tuple[SegmentStorage, Grant]]) -> None:
+    def _serve_read(self, conn_id: int, seq: int, placed: list[tuple[SegmentStorage, Grant]], deadline: float) -> None:
         """Answer OK, then queue the pieces; _advance sends them within the window."""
         sources = []
         try:
@@ -253,22 +255,18 @@ class UcxServer(TransportServer):
         self._send_status(conn_id, seq, encode_status(ErrorCode.OK))
         # Pieces sent after the grants expire could carry another key's bytes: the client is
         # dropped at the first grant's expiry (or the batch timeout, if sooner).
-        batch = _Batch(
-            conn_id, min(time.monotonic() + _BATCH_TIMEOUT_S, self._checker.deadline([g for _, g in placed]))
-        )
+        batch = _Batch(conn_id, deadline)
         batch.to_send.extend(
             (piece, tag(conn_id, seq + 2 + j, KIND_DATA)) for j, (_, piece) in enumerate(pieces(sources))
         )
         self._batches.append(batch)
 
-    def _serve_write(self, conn_id: int, seq: int, placed: list[tuple[SegmentStorage, Grant]]) -> None:
+    def _serve_write(self, conn_id: int, seq: int, placed: list[tuple[SegmentStorage, Grant]], deadline: float) -> None:
         """Post a receive per piece, straight into segment memory, then answer OK; once all landed
         (see _advance), store the bounced ones and send the final status."""
         # Receives armed in segment memory must not outlive the grants: the space may be handed
         # to another key once a write grant expires.
-        batch = _Batch(
-            conn_id, min(time.monotonic() + _BATCH_TIMEOUT_S, self._checker.deadline([g for _, g in placed]))
-        )
+        batch = _Batch(conn_id, deadline)
         landing = Landing((segment, g.offset, g.length) for segment, g in placed)
         ep = self._clients[conn_id].ep
         batch.requests = [
