@@ -26,8 +26,9 @@ class WriteGate:
         the previous leader may have signed has expired, plus the grace."""
         return max(self._config.lease_ttl_s, self._config.write_grant_ttl_s) + GRACE_S
 
-    def took_over(self, mono: float) -> None:
-        self._open_at = mono + self.wait_s
+    def took_over(self, mono: float, first: bool = False) -> None:
+        """A leader took over at `mono`; `first`: no leader ever signed a grant before it."""
+        self._open_at = mono if first else mono + self.wait_s
         self._reconcile_until = mono + self._config.heartbeat_ttl_s
 
     @property

@@ -4,10 +4,12 @@ of the elected leader.
 On Redis (Replicated): a standby answers every call but ServiceInfo and Stats with NotLeader,
 naming the leader. The leader builds its store when it wins the lease: it loads the records
 (kvstore.meta.recovery), then serves reads at once (of replicas its daemons confirmed) and
-writes once the previous leader's grants have expired. Its writes go through a group-commit
-journal fenced by its epoch. If Redis stops answering, changes fail (Unavailable) and reads go
-on; when Redis answers again, the leader rebuilds its store from the records (what failed to
-be written was never acknowledged), still under its lease.
+writes once the previous leader's grants have expired (at once if there was none). Its writes go
+through a group-commit journal fenced by its epoch. If Redis stops answering, changes fail
+(Unavailable) and reads go on while the lease is valid by the leader's own clock; past it the
+leader answers nothing (no reply, grant or heartbeat), and every grant it signs expires no later
+than its lease's end plus a grant lifetime. When Redis answers again, the leader rebuilds its
+store from the records (what failed to be written was never acknowledged), still under its lease.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ class Stores(Protocol):
     def current(self) -> MetaStore | None:
         """The store this service holds now (for upkeep), None on a standby."""
 
+    def still_answering(self) -> None:
+        """Raise Unavailable if the role that a call was answered under ended meanwhile (its reply
+        must not be sent: a leader past its lease may already have a successor)."""
+
     def stop(self) -> None: ...
 
 
@@ -72,6 +78,9 @@ class Single:
 
     def current(self) -> MetaStore | None:
         return self.store
+
+    def still_answering(self) -> None:
+        pass
 
     def standing(self) -> Standing:
         return Standing("", 0, "", writes_open=True)
@@ -111,10 +120,15 @@ class Replicated:
         return self
 
     def _elected(self, epoch: int) -> None:
-        store = self._make(journal=GroupCommit(self.records.writer(epoch), f"Redis {self.config.redis_url}"))
+        journal = GroupCommit(self.records.writer(epoch), f"Redis {self.config.redis_url}")
+        store = self._make(journal=journal, grant_ceiling=self._grant_ceiling)
         records = self.records
         report = store.restore(
-            records.load_segments(), records.load_objects(), records.load_pins(), records.load_tenants()
+            records.load_segments(),
+            records.load_objects(),
+            records.load_pins(),
+            records.load_tenants(),
+            first=epoch == 1,  # no leader before this one: no grant of another to wait out
         )
         log.warning(
             "epoch %d: loaded %d segments and %d objects (%d replicas, %d objects dropped); reads open, writes in "
@@ -127,11 +141,22 @@ class Replicated:
             store.takeover_wait_s(),
         )
         with self._lock:
+            # A load that outlived its election (the lease lost, or taken again at another epoch
+            # meanwhile) is never served: its records may be older than a successor's changes.
+            if self.leadership.view.epoch != epoch or not self.leadership.leads():
+                raise Unavailable(f"the lease of epoch {epoch} ended while its records were loading")
             self._store = store
 
     def _deposed(self) -> None:
         with self._lock:
             self._store = None
+
+    def _grant_ceiling(self) -> float:
+        """The latest expiry (wall-clock seconds, as daemons check grants) a grant signed now may
+        carry: the lease's end plus the longest grant lifetime. A successor is elected no sooner
+        than this lease's end and opens for writes a grant lifetime (plus the grace) later, so no
+        grant of this leader, even one signed by a call that stalled past the lease, outlives it."""
+        return self.leadership.lease_end() + max(self.config.lease_ttl_s, self.config.write_grant_ttl_s)
 
     def _leader_store(self, writes: bool) -> MetaStore:
         view = self.leadership.view
@@ -141,9 +166,9 @@ class Replicated:
                 f"{view.leader or 'being elected'}",
                 view.leader,
             )
-        # Past its lease, a leader may still answer reads while Redis is down (no one else can be
-        # elected then); changes need a valid lease.
-        if not self.leadership.leads() and (writes or not self.leadership.redis_error):
+        # Past its lease a leader answers nothing, reads and heartbeats included: it cannot know
+        # that no successor was elected meanwhile (a partition from Redis looks like Redis down).
+        if not self.leadership.leads():
             raise Unavailable("the leader's lease is being renewed: retry")
         with self._lock:
             store = self._store
@@ -184,6 +209,10 @@ class Replicated:
     def current(self) -> MetaStore | None:
         with self._lock:
             return self._store
+
+    def still_answering(self) -> None:
+        if self.leadership.view.role is Role.LEADER and not self.leadership.leads():
+            raise Unavailable("the leader's lease ended while it answered: retry")
 
     def standing(self) -> Standing:
         view = self.leadership.view

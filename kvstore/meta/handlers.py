@@ -100,7 +100,9 @@ class MetaHandlers:
 
         def call(request: Any, who: Principal) -> Any:
             who.check(name)
-            return method(request, who)
+            reply = method(request, who)
+            self.stores.still_answering()  # a lease that ended during the call: no reply from it
+            return reply
 
         wrapped = self._observer.wrap(name, call) if self._observer is not None else call
         self._wrapped[name] = wrapped

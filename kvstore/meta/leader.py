@@ -98,6 +98,10 @@ class Leadership:
     def view(self) -> View:
         return self._view
 
+    def lease_end(self) -> float:
+        """When this service's lease ends, in wall-clock seconds (in the past unless it leads)."""
+        return time.time() + (self._valid_until - time.monotonic())
+
     def leads(self) -> bool:
         """Whether this service may act as leader now (its lease is valid by its own clock)."""
         return self._view.role is Role.LEADER and time.monotonic() < self._valid_until
@@ -138,6 +142,9 @@ class Leadership:
         try:
             self._on_elected(epoch)
         except Exception:
+            if self._view.role is not Role.LEADER or self._view.epoch != epoch:
+                log.warning("taking over as leader (epoch %d) ended with that lease", epoch)
+                return  # another epoch's takeover (if any) is its own
             log.exception("taking over as leader (epoch %d) failed; giving the lease back", epoch)
             self._give_up()
 

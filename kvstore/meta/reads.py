@@ -34,6 +34,7 @@ class Reads:
             return self._miss(key)
         st = self._st
         st.index.touch(key)
+        until = min(until, st.grant_ceiling())  # no grant outlives what a successor waits out
         lease_id = st.leases.hold(key, until, holder)
         until_ms = int(until * 1000)
         grants: list[tuple[bool, Grant]] = []

@@ -173,8 +173,8 @@ class MetaServer:
         self.stores: Stores
         if config.redis_url:
 
-            def make(journal: Journal) -> MetaStore:
-                return MetaStore(config, signer, clock, journal=journal)
+            def make(journal: Journal, grant_ceiling: Callable[[], float]) -> MetaStore:
+                return MetaStore(config, signer, clock, journal=journal, grant_ceiling=grant_ceiling)
 
             self.stores = Replicated(config, signer, config.advertise or self.address, clock, make)
         else:

@@ -31,7 +31,9 @@ GRACE_S = 2.0
 
 
 class MetaState:
-    def __init__(self) -> None:
+    def __init__(self, grant_ceiling: Callable[[], float] | None = None) -> None:
+        # The latest expiry (wall-clock seconds) a daemon-checked grant signed now may carry.
+        self.grant_ceiling: Callable[[], float] = grant_ceiling or (lambda: float("inf"))
         self.index = ObjectIndex()
         self.segments = SegmentTable()
         self.leases = ReadLeases()

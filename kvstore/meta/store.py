@@ -61,13 +61,14 @@ class MetaStore:
         clock: Clock | None = None,
         policy: EvictionPolicy | None = None,
         journal: Journal | None = None,
+        grant_ceiling: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         self._signer = signer
         self._clock = clock or SystemClock()
         self._policy = policy or LRUEviction()
         self._journal: Journal = journal or NoJournal()
-        self._st = MetaState()
+        self._st = MetaState(grant_ceiling)
         self._st.tracking = self._journal.durable
         self._gate = WriteGate(config, self._clock, self._journal)
         self._tiering = Tiering(config, self._st, self._policy, signer)
@@ -161,13 +162,14 @@ class MetaStore:
         objects: Iterable[tuple[str, ObjectRecord]],
         pins: Iterable[tuple[str, float]],
         tenants: dict[str, bytes] | None = None,
+        first: bool = False,
     ) -> Restored:
-        """Load a journal's records into this (empty) store as a service taking over: writes open
-        once earlier grants expired; segments not mounted again within heartbeat_ttl_s go."""
+        """Load a journal's records into this (empty) store as a service taking over: writes open once earlier
+        grants expired (at once for the `first` leader); segments not mounted again within heartbeat_ttl_s go."""
         with self._lock:
             mono = self._clock.monotonic()
             report = recovery.restore(self._st, segments, objects, pins, tenants or {}, self._clock.now(), mono)
-            self._gate.took_over(mono)
+            self._gate.took_over(mono, first)
             ticket = self._journaled()  # records found unusable are forgotten
         self._journal.wait(ticket)
         return report
@@ -383,8 +385,6 @@ class MetaStore:
         agree with the index, the moves in flight and the quarantine."""
         with self._lock:
             inspect.check_invariants(self._st, self._tiering, self.regions.regions.spans())
-
-    # -- listing and describing keys (read-only, for operators) ---------------------------------
 
     def list_keys(self, prefix: str = "", limit: int = 0, cursor: str = "", hidden: str = "") -> KeyListing:
         """One page of the COMPLETE keys starting with `prefix` (none starting with `hidden`, if

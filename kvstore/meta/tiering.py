@@ -124,7 +124,7 @@ class Tiering:
         for key, source, placed in replication.candidates(self._st, daemon_id, budget, now, self.config.high_watermark):
             entry = self._st.index.get(key)
             assert entry is not None
-            until = now + self.config.move_timeout_s
+            until = min(now + self.config.move_timeout_s, self._st.grant_ceiling())
             src_seg = self._st.segment_of(source)
             grant = self._signer.sign(
                 src_seg.segment_id, unpack_location(source)[1], entry.size, GrantMode.READ, int(until * 1000)

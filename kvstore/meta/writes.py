@@ -98,7 +98,7 @@ class Writes:
                 "pins to end",
             )
         deadline = now + self.config.put_lease_ttl_s
-        until_ms = int(min(deadline, now + self.config.write_grant_ttl_s) * 1000)
+        until_ms = int(min(deadline, now + self.config.write_grant_ttl_s, self._st.grant_ceiling()) * 1000)
         flags = [LOCAL if seg.local_to(client_host) else 0 for seg, _ in placed]
         checked = sum(1 << r for r, f in enumerate(flags) if not f & LOCAL)
         locations = tuple(pack_location(seg.number, off) for seg, off in placed)
