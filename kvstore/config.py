@@ -105,6 +105,7 @@ class MetaConfig:
     leader_ttl_s: float = 5.0  # the leader's lease; a standby takes over this long after it dies
     leader_renew_s: float = 1.0  # how often the lease is renewed (and standbys try to take it)
     durability: str = "everysec"  # what an acknowledged change rests on: everysec | always | replicas:N
+    durability_unchecked: bool = False  # start although Redis cannot keep `durability` (stat and /metrics say so)
     advertise: str = ""  # the address other processes use to reach this service (default host:port)
     # Sharded metadata (docs/sharding.md): this service owns shard I of S of the key space.
     shard: str = ""  # I/S, e.g. 0/4 (none: the only shard)

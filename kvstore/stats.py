@@ -46,7 +46,8 @@ class StoreStats:
     epoch: int = 0
     leader: str = ""
     standbys: tuple[str, ...] = ()
-    redis: str = ""  # "ok", or the last error Redis gave
+    redis: str = ""  # "ok", or the last error Redis gave (and "durability ... UNCHECKED: why" if run so)
+    durability_unchecked: bool = False  # Redis cannot keep the configured durability (run with durability_unchecked)
     reconciling: int = 0  # segments loaded after a takeover, not yet mounted again
     writes_open: bool = True
     tenant: str = ""  # set when the caller is a tenant: the figures are its own keys' only

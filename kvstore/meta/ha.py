@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kvstore.clock import Clock
 from kvstore.config import MetaConfig
-from kvstore.errors import NotLeader, Unavailable
+from kvstore.errors import InvalidArgument, NotLeader, Unavailable
 from kvstore.grant import GrantSigner
 from kvstore.meta.journal import GroupCommit
 from kvstore.meta.leader import Leadership, Role
@@ -103,7 +103,16 @@ class Replicated:
         keys = Keys.of_shard(config.cluster, ShardSpec.parse(config.shard).index)
         check_schema(self._client, keys, config.cluster)
         self.records = RedisRecords(self._client, keys, config.durability)
-        log.info("metadata on Redis %s (%s)", config.redis_url, self.records.server_durability())
+        self.durability_gap = self.records.durability_gap()
+        if self.durability_gap and not config.durability_unchecked:
+            raise InvalidArgument(
+                f"durability {config.durability} cannot be kept on Redis {config.redis_url}: {self.durability_gap}; "
+                "configure Redis to keep it (docs/ha.md), choose the durability it gives, or run anyway with "
+                "--durability-unchecked (stat and /metrics then say so)"
+            )
+        if self.durability_gap:
+            log.error("durability %s is NOT kept (run with durability_unchecked): %s", config.durability,
+                      self.durability_gap)  # fmt: skip
         self._store: MetaStore | None = None
         self._lock = threading.Lock()
         self.leadership = Leadership(
@@ -119,8 +128,8 @@ class Replicated:
         self.leadership.start()
         return self
 
-    def _elected(self, epoch: int) -> None:
-        journal = GroupCommit(self.records.writer(epoch), f"Redis {self.config.redis_url}")
+    def _elected(self, epoch: int, token: str) -> None:
+        journal = GroupCommit(self.records.writer(epoch, token), f"Redis {self.config.redis_url}")
         store = self._make(journal=journal, grant_ceiling=self._grant_ceiling)
         records = self.records
         report = store.restore(
@@ -199,7 +208,7 @@ class Replicated:
             self._store = None
         log.warning("Redis answers again: rebuilding the index from its records")
         try:
-            self._elected(self.leadership.view.epoch)
+            self._elected(self.leadership.view.epoch, self.leadership.token)
         except BaseException:
             with self._lock:
                 if self._store is None:
@@ -227,10 +236,14 @@ class Replicated:
             view.epoch,
             view.leader,
             standbys,
-            self.leadership.redis_error or "ok",
+            (self.leadership.redis_error or "ok") + self._unchecked(),
             store.reconciling if store else 0,
             store is not None and store.writes_open(),
         )
+
+    def _unchecked(self) -> str:
+        gap = self.durability_gap
+        return f"; durability {self.config.durability} UNCHECKED: {gap}" if gap else ""
 
     def stop(self) -> None:
         self.leadership.stop()

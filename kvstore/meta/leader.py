@@ -59,8 +59,9 @@ class View:
 
 
 class Leadership:
-    """Runs the election in a thread. `on_elected(epoch)` runs in that thread when this service
-    takes the lease (it loads the records, then serves); `on_deposed()` when it loses it."""
+    """Runs the election in a thread. `on_elected(epoch, token)` runs in a thread of its own when
+    this service takes the lease (it loads the records, then serves; `token` is this lease's, which
+    fences its writes); `on_deposed()` when it loses it."""
 
     def __init__(
         self,
@@ -69,7 +70,7 @@ class Leadership:
         address: str,
         ttl_s: float,
         renew_s: float,
-        on_elected: Callable[[int], None],
+        on_elected: Callable[[int, str], None],
         on_deposed: Callable[[], None],
     ) -> None:
         self._client = client
@@ -125,6 +126,7 @@ class Leadership:
             else:
                 self._step_down("another service holds the lease")
         else:
+            self._token = secrets.token_hex(16)  # a fresh one per acquisition: it fences this lease's writes
             epoch = int(
                 self._acquire(
                     keys=[self._keys.leader, self._keys.epoch], args=[self.address, self._token, self._ttl_ms]
@@ -135,12 +137,19 @@ class Leadership:
                 self._view = View(Role.LEADER, epoch, self.address)
                 log.warning("metadata service %s is the leader now (epoch %d)", self.address, epoch)
                 # Loading the records may take longer than the lease: this loop keeps renewing.
-                threading.Thread(target=self._take_over, args=(epoch,), name="meta-takeover", daemon=True).start()
+                threading.Thread(
+                    target=self._take_over, args=(epoch, self._token), name="meta-takeover", daemon=True
+                ).start()
         self._announce()
 
-    def _take_over(self, epoch: int) -> None:
+    @property
+    def token(self) -> str:
+        """The owner token of the lease this service holds (or last tried for)."""
+        return self._token
+
+    def _take_over(self, epoch: int, token: str) -> None:
         try:
-            self._on_elected(epoch)
+            self._on_elected(epoch, token)
         except Exception:
             if self._view.role is not Role.LEADER or self._view.epoch != epoch:
                 log.warning("taking over as leader (epoch %d) ended with that lease", epoch)

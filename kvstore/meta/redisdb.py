@@ -13,8 +13,10 @@ check the writer's epoch and apply its whole batch atomically.
     {kvstore:CLUSTER}:ten      hash: tenant name -> tenant record (kvstore.meta.tenants: ids,
                                quotas, SHA-256 of its tokens)
 
-A write whose epoch is not the current one is refused whole (FENCED): a deposed or paused
-leader can never change the records.
+A write is refused whole (FENCED) unless its epoch is the current one and the leader key holds
+the writer's lease token (random for every acquisition): a deposed or paused leader can never
+change the records, not even when an asynchronous Redis failover lost the epoch's INCR and a
+successor was handed the same epoch number again.
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ _WRITE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED: epoch ' .. ARGV[1] .. ' is not the leader epoch')
 end
+if redis.call('HGET', KEYS[6], 'token') ~= ARGV[2] then
+  return redis.error_reply('FENCED: the writer does not hold the leader lease')
+end
 local tables = {o = KEYS[2], s = KEYS[3], p = KEYS[4], t = KEYS[5]}
-local i = 2
+local i = 3
 while i <= #ARGV do
   local op = ARGV[i]
   local key = tables[string.lower(op)]
@@ -98,14 +103,14 @@ class RedisRecords:
             if cursor == 0:
                 return
 
-    def writer(self, epoch: int) -> Any:
-        """write(changes) for a journal: one fenced script call (plus WAIT for replicas, with
-        durability "replicas:N"), raising on FENCED or on Redis failing."""
-        keys = [self.keys.epoch, self.keys.obj, self.keys.seg, self.keys.pin, self.keys.ten]
+    def writer(self, epoch: int, token: str) -> Any:
+        """write(changes) for a journal: one script call fenced by `epoch` and the lease `token`
+        (plus WAIT for replicas, with durability "replicas:N"), raising on FENCED or on Redis failing."""
+        keys = [self.keys.epoch, self.keys.obj, self.keys.seg, self.keys.pin, self.keys.ten, self.keys.leader]
         replicas = int(self.durability.split(":", 1)[1]) if self.durability.startswith("replicas:") else 0
 
         def write(changes: Changes) -> None:
-            args: list[Any] = [str(epoch)]
+            args: list[Any] = [str(epoch), token]
             tables = (("o", changes.objects), ("s", changes.segments), ("p", changes.pins), ("t", changes.tenants))
             for op, table in tables:
                 for field, value in table.items():
@@ -128,16 +133,28 @@ class RedisRecords:
 
         return write
 
-    def server_durability(self) -> str:
-        """What the Redis server promises for a write it acknowledged: its AOF fsync policy."""
+    def durability_gap(self) -> str:
+        """Why the Redis server does not keep what `durability` promises ("" when it does)."""
+        node = _node_of(self.client, self.keys.epoch)
+        if self.durability.startswith("replicas:"):
+            wanted = int(self.durability.split(":", 1)[1])
+            try:
+                replicas = int(node.info("replication").get("connected_slaves", 0))
+            except Exception as exc:  # noqa: BLE001 - INFO may be refused (managed Redis)
+                return f"INFO replication refused ({exc}): the replicas cannot be counted"
+            return "" if replicas >= wanted else f"the records' Redis server has {replicas} replicas, not {wanted}"
         try:
-            config = self.client.config_get("appendonly")
-            fsync = self.client.config_get("appendfsync")
-        except Exception:  # noqa: BLE001 - CONFIG may be disabled (managed Redis)
-            return "unknown (CONFIG GET refused)"
-        if str(config.get("appendonly", "no")) != "yes":
-            return "no AOF: an acknowledged write can be lost on a Redis restart"
-        return f"AOF, appendfsync {fsync.get('appendfsync')}"
+            appendonly = str(node.config_get("appendonly").get("appendonly", "no"))
+            fsync = str(node.config_get("appendfsync").get("appendfsync", ""))
+        except Exception as exc:  # noqa: BLE001 - CONFIG may be disabled (managed Redis)
+            return f"CONFIG GET refused ({exc}): Redis' persistence cannot be checked"
+        if appendonly != "yes":
+            return "Redis runs without its AOF (appendonly no): a Redis restart loses acknowledged changes"
+        if self.durability == "always" and fsync != "always":
+            return f"Redis fsyncs its AOF {fsync}, not always: a host crash loses acknowledged changes"
+        if fsync not in ("always", "everysec"):
+            return f"Redis fsyncs its AOF when the OS decides ({fsync}): a host crash loses minutes of changes"
+        return ""
 
 
 def _node_of(client: Any, key: str) -> Any:

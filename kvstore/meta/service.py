@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
@@ -107,7 +108,10 @@ def _current_stats(stores: Stores) -> Callable[[], StoreStats | None]:
 
     def stats() -> StoreStats | None:
         store = stores.current()
-        return store.stats() if store is not None else None
+        if store is None:
+            return None
+        unchecked = bool(getattr(stores, "durability_gap", ""))
+        return replace(store.stats(), durability_unchecked=True) if unchecked else store.stats()
 
     return stats
 

@@ -192,6 +192,11 @@ class _StoreCollector(Collector):
         yield gauge("daemons", "daemons alive (mounted and heartbeating)", len(s.daemons))
         yield gauge("under_replicated_keys", "keys with fewer replicas than they were put with", s.under_replicated)
         yield gauge(
+            "durability_unchecked",
+            "1 while Redis cannot keep the configured durability (the service runs with durability_unchecked)",
+            float(s.durability_unchecked),
+        )
+        yield gauge(
             "quarantined_bytes", "freed bytes waiting until no grant or reader can touch them", s.quarantined_bytes
         )
         yield CounterMetricFamily("kvstore_meta_revoked_puts", "puts revoked (asked, or expired)", value=s.revoked_puts)
