@@ -253,7 +253,10 @@ class Writer:
                 reply = self._meta.put_start(
                     [keys[i] for i in ask], [len(views[i]) for i in ask], replica_num, self._transports.host
                 )
-            except Unavailable:
+            except Unavailable as exc:
+                if exc.retry_after_ms and time.monotonic() + exc.retry_after_ms / 1000 <= deadline:
+                    time.sleep(exc.retry_after_ms / 1000)  # refused before anything was done: ask then
+                    continue
                 # The answer was lost: space may have been reserved. Revoke it (best effort; a put
                 # never ended is revoked after its lease anyway) rather than ask twice.
                 try:

@@ -102,7 +102,14 @@ class TransportError(KVStoreError):
 
 
 class Unavailable(KVStoreError):
+    """`retry_after_ms` > 0: the service did nothing and says when it will take the call (a leader
+    waiting out its predecessor's grants); a client whose deadline allows waits and asks again."""
+
     code = ErrorCode.UNAVAILABLE
+
+    def __init__(self, message: str, retry_after_ms: int = 0) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class NotLeader(Unavailable):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 
-from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, NotLeader, WrongShard, error_for
+from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, NotLeader, Unavailable, WrongShard, error_for
 from kvstore.results import (
     Block,
     GetReply,
@@ -362,6 +362,7 @@ def error_to_pb(err: KVStoreError) -> pb.ErrorDetail:
         message=str(err),
         leader=getattr(err, "leader", ""),
         map_epoch=getattr(err, "map_epoch", 0),
+        retry_after_ms=getattr(err, "retry_after_ms", 0),
     )
 
 
@@ -371,4 +372,6 @@ def error_from_pb(msg: pb.ErrorDetail) -> KVStoreError:
         return NotLeader(msg.message, msg.leader)
     if code is ErrorCode.WRONG_SHARD:
         return WrongShard(msg.message, msg.map_epoch)
+    if code is ErrorCode.UNAVAILABLE:
+        return Unavailable(msg.message, msg.retry_after_ms)
     return error_for(code, msg.message)

@@ -5,6 +5,8 @@ heartbeat_ttl_s are then due to be dropped."""
 
 from __future__ import annotations
 
+import math
+
 from kvstore.clock import Clock
 from kvstore.config import MetaConfig
 from kvstore.errors import Unavailable
@@ -49,7 +51,8 @@ class WriteGate:
             since = mono - (self._open_at - self.wait_s)
             raise Unavailable(
                 f"this metadata service took over {since:.1f} s ago and opens for writes in "
-                f"{self._open_at - mono:.1f} s (earlier grants must expire first): retry then"
+                f"{self._open_at - mono:.1f} s (earlier grants must expire first): retry then",
+                retry_after_ms=math.ceil((self._open_at - mono) * 1000),
             )
 
     def reconcile_due(self, mono: float) -> bool:

@@ -194,12 +194,15 @@ class ErrorDetail(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     LEADER_FIELD_NUMBER: _builtins.int
     MAP_EPOCH_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     code: Global___ErrorCode.ValueType
     message: _builtins.str
     leader: _builtins.str
     """with NOT_LEADER: the leader's address ("" while none leads)"""
     map_epoch: _builtins.int
     """with WRONG_SHARD: the shard map's epoch at the answering service"""
+    retry_after_ms: _builtins.int
+    """with UNAVAILABLE: the call is refused for this long (nothing was done)"""
     def __init__(
         self,
         *,
@@ -207,10 +210,11 @@ class ErrorDetail(_message.Message):
         message: _builtins.str = ...,
         leader: _builtins.str = ...,
         map_epoch: _builtins.int = ...,
+        retry_after_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "leader", b"leader", "map_epoch", b"map_epoch", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "leader", b"leader", "map_epoch", b"map_epoch", "message", b"message", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -151,3 +151,26 @@ def _loading(store: MetaStore) -> bool:
         store._lock.release()
         return False
     return True
+
+
+def test_a_put_during_a_takeover_waits_out_the_retry_after_its_deadline_allows(ha: Cluster, redis):
+    """A new leader refuses writes until its predecessor's grants expire, and says for how long:
+    a client whose deadline reaches past that waits and asks again instead of failing."""
+    from kvstore.client import KVClient
+    from kvstore.config import ClientConfig
+    from tests.ha.test_ha import leader_of, writes_open
+
+    a, addr_a, _ = meta_on(ha, redis)
+    wait_until(lambda: leader_of(addr_a), 30, "a leader")
+    _, addr_b, _ = meta_on(ha, redis)
+    both = f"{addr_a},{addr_b}"
+    ha.daemon(both, "64MiB", FAST)
+    wait_until(lambda: writes_open(addr_a), 30, "writes open")
+    with KVClient(both, ClientConfig(timeout_s=30)) as client:
+        client.put("before", b"b" * 4096)
+        a.kill()
+        wait_until(lambda: leader_of(addr_b), 30, "the standby to lead")
+        with MetaClient(addr_b, timeout_s=2) as meta:
+            assert not meta.stats().writes_open  # it waits out the old grants (FAST: about 4 s)
+        client.put("after", b"a" * 4096)  # waits inside its deadline rather than raising Unavailable
+        assert client.get("after") == b"a" * 4096 and client.get("before") == b"b" * 4096
