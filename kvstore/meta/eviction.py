@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from kvstore.meta.index import ObjectIndex
+from kvstore.meta.index import Entry
+
+
+class Recency(Protocol):
+    """COMPLETE objects in recency order: the whole index, or one tenant's (index.TenantRecency)."""
+
+    def least_recent(self) -> Iterator[tuple[str, Entry]]: ...
 
 
 class EvictionPolicy(Protocol):
-    def victims(self, index: ObjectIndex, protected: Callable[[str], bool], bytes_needed: int) -> list[str]:
+    def victims(self, index: Recency, protected: Callable[[str], bool], bytes_needed: int) -> list[str]:
         """Keys whose removal frees at least `bytes_needed` (fewer if not enough is evictable),
         never one for which protected(key) is true. Does not modify the index. `protected` is
         asked of candidates in the order they are considered, and every candidate it spares not
@@ -19,7 +25,7 @@ class EvictionPolicy(Protocol):
 class LRUEviction:
     """Least recently used first (recency is the index's COMPLETE order)."""
 
-    def victims(self, index: ObjectIndex, protected: Callable[[str], bool], bytes_needed: int) -> list[str]:
+    def victims(self, index: Recency, protected: Callable[[str], bool], bytes_needed: int) -> list[str]:
         chosen: list[str] = []
         freed = 0
         for key, entry in index.least_recent():

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kvstore.errors import AlreadyExists, KeyBusy, KeyNotFound
-from kvstore.meta.tenants import tenant_of
+from kvstore.meta.orders import KeyOrders
+from kvstore.meta.tenants import DEFAULT_ID, tenant_of
 
 _MAX_SHARED_SIZES = 4096
 
@@ -68,6 +69,7 @@ class ObjectIndex:
         # bytes PENDING puts hold (size x replicas), for quotas and a tenant's view of the stats.
         self.tenant_keys: Counter[int] = Counter()
         self.tenant_pending: Counter[int] = Counter()
+        self.orders = KeyOrders()  # per tenant recency, byte order
 
     def __len__(self) -> int:
         return len(self._complete)
@@ -112,6 +114,7 @@ class ObjectIndex:
         self.tenant_pending[tenant_of(key)] -= put.size * len(put.locations)
         entry = Entry(_pack(put.locations), put.size, checksum)
         self._complete[key] = entry
+        self.orders.added(key)
         if key[:1] == "\0":
             self.tenant_keys[tenant_of(key)] += 1
         return entry
@@ -122,6 +125,7 @@ class ObjectIndex:
             raise AlreadyExists(key)
         entry = Entry(_pack(locations), size, checksum)
         self._complete[key] = entry
+        self.orders.added(key)
         if key[:1] == "\0":
             self.tenant_keys[tenant_of(key)] += 1
         return entry
@@ -139,6 +143,7 @@ class ObjectIndex:
         entry = self._complete.pop(key, None)
         if entry is None:
             raise KeyNotFound(key)
+        self.orders.removed(key)
         if key[:1] == "\0":
             self.tenant_keys[tenant_of(key)] -= 1
         return entry
@@ -148,6 +153,7 @@ class ObjectIndex:
         entry = self._complete.pop(key, None)
         if entry is not None:
             self._complete[key] = entry
+            self.orders.touched(key)
 
     def set_replicas(self, key: str, locations: tuple[int, ...]) -> None:
         """Replace where a key lives (a replica was lost, or the block moved); keeps recency."""
@@ -164,6 +170,14 @@ class ObjectIndex:
         """COMPLETE objects, least recently used first. Do not mutate while iterating."""
         return iter(self._complete.items())
 
+    def least_recent_of(self, tenant: int) -> Iterator[tuple[str, Entry]]:
+        """A tenant's COMPLETE objects, least recently used first (the default tenant's, which carry
+        no namespace, by a walk of every key). Do not mutate while iterating."""
+        if tenant == DEFAULT_ID:
+            return ((k, e) for k, e in self._complete.items() if k[:1] != "\0")
+        complete = self._complete
+        return ((k, complete[k]) for k in self.orders.of_tenant(tenant))
+
     def pending_items(self) -> Iterator[tuple[str, PendingPut]]:
         return iter(self._pending.items())
 
@@ -179,6 +193,18 @@ class ObjectIndex:
 
     def check_invariants(self) -> None:
         assert not (self._complete.keys() & self._pending.keys()), "a key is both PENDING and COMPLETE"
+        self.orders.check(self._complete)
         for key, locations, size in self.all_locations():
             assert size > 0 and locations, f"{key}: size {size}, locations {locations}"
             assert len(set(locations)) == len(locations), f"{key}: duplicate replica"
+
+
+class TenantRecency:
+    """One tenant's objects as an eviction policy walks them (least recently used first)."""
+
+    def __init__(self, index: ObjectIndex, tenant: int) -> None:
+        self._index = index
+        self._tenant = tenant
+
+    def least_recent(self) -> Iterator[tuple[str, Entry]]:
+        return self._index.least_recent_of(self._tenant)

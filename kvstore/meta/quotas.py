@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from kvstore.meta.eviction import EvictionPolicy
+from kvstore.meta.index import TenantRecency
 from kvstore.meta.state import MetaState
 from kvstore.meta.tenants import tenant_of
 from kvstore.types import Tier
@@ -59,7 +60,7 @@ def make_room(st: MetaState, policy: EvictionPolicy, tenant: int, tier: Tier, ne
             or not any(st.segment_of(loc).number in in_tier for loc in entry.replicas())
         )
 
-    victims = policy.victims(st.index, not_own, excess)
+    victims = policy.victims(TenantRecency(st.index, tenant), not_own, excess)  # its own keys only
     freed = sum(
         e.size * sum(st.segment_of(loc).number in in_tier for loc in e.replicas())
         for k in victims

@@ -390,9 +390,7 @@ class MetaStore:
         """One page of the COMPLETE keys starting with `prefix` (none starting with `hidden`, if
         given), in byte order, after `cursor`. The lock is held only to snapshot the keys and,
         slice by slice, to read the page's sizes: a long listing holds no other caller up."""
-        with self._lock:
-            keys = listing.complete_keys(self._st)
-        return listing.list_page(self._st.index, keys, prefix, limit, cursor, hidden, self._sliced)
+        return listing.list_page(self._st.index, prefix, limit, cursor, hidden, self._sliced)
 
     def describe(self, keys: Sequence[str]) -> list[KeyInfo]:
         """Per key: state, size, replicas (segment, daemon, tier), and what holds it in place."""
