@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from kvstore import __version__, wire, wire_keys, wire_tenants
 from kvstore.errors import InvalidArgument, WrongShard
 from kvstore.meta import tenancy
-from kvstore.meta.auth import Principal
+from kvstore.meta.auth import ANYONE, Principal
 from kvstore.meta.ha import Single, Stores
 from kvstore.meta.store import MetaStore
 from kvstore.meta.tenants import DEFAULT_ID, namespace
@@ -98,10 +98,13 @@ class MetaHandlers:
             return found
         method: Handler = getattr(self, name)
 
+        leased = name not in ANYONE  # ServiceInfo and Stats say where the service stands, lease or not
+
         def call(request: Any, who: Principal) -> Any:
             who.check(name)
             reply = method(request, who)
-            self.stores.still_answering()  # a lease that ended during the call: no reply from it
+            if leased:
+                self.stores.still_answering()  # a lease that ended during the call: no reply from it
             return reply
 
         wrapped = self._observer.wrap(name, call) if self._observer is not None else call
