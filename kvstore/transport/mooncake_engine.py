@@ -5,7 +5,7 @@ are mooncake_client.py and mooncake_server.py.
 
 The daemon registers each DRAM segment's memory with its engine once, at mount, and advertises
 
-    "<protocol>|<segment base address>|<host>:<rpc port>"
+    "<protocol>|<segment base address>|<host>:<rpc port>|<incarnation>"
 
 The client's engine opens a session to "<host>:<rpc port>" (P2P handshake: no metadata server)
 and moves a call's transfers with one batch call per 64 MiB, between the segment and staging
@@ -13,6 +13,16 @@ memory registered once per client (the engine may still touch a buffer after a c
 the caller's own buffers are never handed to it); the copy to or from the caller's buffers
 computes the checksums the client needs. SSD and GPU segments are not registered, so they offer
 no mooncake endpoint.
+
+The client's engine keeps what it learnt of a peer for good: the session's descriptor (with the
+peer's data port) under "<host>:<rpc port>", and pooled connections under "<host>:<data port>";
+it never notices that the peer's engine stopped. An engine draws both its ports at random (by
+default from 15000-17000), and a port is free again about a minute after its engine stopped, so
+a new engine on that host (a restarted daemon, or any other) can come back under a dead one's
+session name or data port; the client's engine would then send its transfers to the dead
+peer's data port, or down a dead connection. The incarnation (one per engine start: its time,
+then random bits) tells the client which engine a session name stands for, and which of two
+is the newer; mooncake_client._Engines acts on it.
 
 Trust boundary: like shm, the daemon never sees a request, so it cannot check grants. Any peer
 that reaches the daemon engine's two ports (the engine binds them on every interface, whatever
@@ -25,7 +35,9 @@ daemon. Offer this transport only on a trusted network.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
+import time
 
 # Bounds on a hung or dead peer, read when an engine is created: without them a transfer to a
 # stopped daemon blocks for 30 s. 5 s is the least MC_TRANSFER_TIMEOUT the binding accepts.
@@ -43,8 +55,10 @@ __all__ = [
     "PeerGone",
     "TransferEngine",
     "advertised_host",
+    "format_address",
     "listening",
     "local_host_towards",
+    "new_incarnation",
     "parse_address",
     "start_engine",
 ]
@@ -67,10 +81,27 @@ def advertised_host(host: str) -> str:
     return socket.gethostname() if host in ("", "0.0.0.0", "::") else host
 
 
-def parse_address(address: str) -> tuple[str, str, int]:
-    """(protocol, session, segment base address) of an endpoint address."""
-    protocol, base, session = address.split("|", 2)
-    return protocol, session, int(base)
+def new_incarnation() -> str:
+    """A name for one engine start, which no other start reuses: its time (ns, 16 hex digits)
+    then random bits. Two engines of one host come under one session name (host:rpc port) one
+    after the other, so the one whose name sorts first has stopped, and never comes back."""
+    return f"{time.time_ns():016x}{secrets.token_hex(4)}"
+
+
+def format_address(protocol: str, base: int, session: str, incarnation: str) -> str:
+    return f"{protocol}|{base}|{session}|{incarnation}"
+
+
+def parse_address(address: str) -> tuple[str, str, int, str]:
+    """(protocol, session, segment base address, incarnation) of an endpoint address; the
+    incarnation is "" in the address of a daemon that predates it."""
+    fields = address.split("|")
+    if len(fields) == 3:
+        fields.append("")
+    if len(fields) != 4:
+        raise ValueError(f"not a mooncake endpoint address: {address!r}")
+    protocol, base, session, incarnation = fields
+    return protocol, session, int(base), incarnation
 
 
 def local_host_towards(session: str) -> str:
@@ -102,14 +133,3 @@ def listening(session: str, timeout: float = 0.5) -> bool | None:
 
 class PeerGone(TransportError):
     """A transfer failed because the daemon's engine no longer exists."""
-
-
-__all__ = [
-    "PeerGone",
-    "TransferEngine",
-    "advertised_host",
-    "listening",
-    "local_host_towards",
-    "parse_address",
-    "start_engine",
-]

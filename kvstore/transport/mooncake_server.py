@@ -10,7 +10,13 @@ from kvstore.config import DaemonConfig
 from kvstore.errors import TransportError
 from kvstore.storage.base import SegmentStorage
 from kvstore.transport.base import GrantChecker, TransportServer
-from kvstore.transport.mooncake_engine import TransferEngine, advertised_host, start_engine
+from kvstore.transport.mooncake_engine import (
+    TransferEngine,
+    advertised_host,
+    format_address,
+    new_incarnation,
+    start_engine,
+)
 from kvstore.types import Endpoint, Tier
 
 
@@ -39,11 +45,13 @@ class MooncakeServer(TransportServer):
         self._device = config.mooncake_device
         self._engine: TransferEngine | None = None
         self._session = ""
+        self._incarnation = ""  # this engine start's name: its session name may be a dead engine's
         self._regions: dict[str, _Region] = {}
 
     def start(self) -> None:
         self._engine = start_engine(self._host, self._protocol, self._device)
         self._session = f"{self._host}:{self._engine.get_rpc_port()}"
+        self._incarnation = new_incarnation()
 
     def add_segment(self, segment: SegmentStorage) -> None:
         if segment.tier is not Tier.DRAM or segment.segment_id in self._regions:
@@ -67,7 +75,7 @@ class MooncakeServer(TransportServer):
         region = self._regions.get(segment.segment_id)
         if region is None:
             return None
-        return Endpoint(self.name, f"{self._protocol}|{region.base}|{self._session}")
+        return Endpoint(self.name, format_address(self._protocol, region.base, self._session, self._incarnation))
 
     def stop(self) -> None:
         """Unregister every segment and shut the engine (its ports close with it)."""

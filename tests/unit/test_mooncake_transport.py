@@ -8,6 +8,7 @@ import importlib.util
 import mmap
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -105,8 +106,8 @@ def test_eight_threads_share_one_transport(daemon: Daemon, client: MooncakeTrans
 
 def test_only_dram_segments_are_offered(daemon: Daemon) -> None:
     ep = daemon.server.endpoint(daemon.dram)
-    protocol, base, session = ep.address.split("|")
-    assert protocol == "tcp" and int(base) > 0 and session.startswith("127.0.0.1:")
+    protocol, base, session, incarnation = ep.address.split("|")
+    assert protocol == "tcp" and int(base) > 0 and session.startswith("127.0.0.1:") and incarnation
     assert daemon.server.endpoint(daemon.plain) is None
 
 
@@ -154,6 +155,102 @@ def test_stopped_daemon_fails_fast_and_a_restart_is_reached(own_daemon: Daemon,
     daemon.server = daemon.start_server(DaemonConfig())   # a new engine: a new session name
     assert daemon.info().endpoints != old.endpoints
     assert get(daemon, client, 0, 6) == b"before"
+
+
+class Relay:
+    """Listens on a port of its own and relays each connection to `target` (a port on 127.0.0.1),
+    half-closes included: one host:port that stands for one engine, then for another."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:                       # closed
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                conn.close()
+                continue
+            ends = [conn, upstream]
+            for src, dst in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(src, dst, ends), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, ends: list[socket.socket]) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+            ends.pop()
+            if ends:                                # the other direction still runs: it closes both
+                return
+        except OSError:
+            pass
+        src.close()
+        dst.close()
+
+    def close(self) -> None:
+        self._listener.shutdown(socket.SHUT_RDWR)   # wakes the accept
+        self._listener.close()
+
+
+def test_a_new_engine_under_a_dead_ones_session_name_is_reached(own_daemon: Daemon,
+                                                                client: MooncakeTransport) -> None:
+    """An engine draws its ports at random (15000-17000) and a port is free again a minute after
+    its engine stopped, so a new engine on the host can come back under the session name
+    (host:rpc port) that the client's engine reached a dead one at, whose descriptor (the dead
+    engine's data port) it keeps. Forced here: both engines are advertised under one relay."""
+    daemon = own_daemon
+    relay = Relay(daemon.server._engine.get_rpc_port())
+    try:
+        alias = f"127.0.0.1:{relay.port}"
+        daemon.server._session = alias            # internal on purpose: the name the engine drew
+        put(daemon, client, 0, b"before")
+        old = daemon.info()
+        daemon.server.stop()
+        daemon.server = daemon.start_server(DaemonConfig())
+        relay.target = daemon.server._engine.get_rpc_port()
+        daemon.server._session = alias
+        assert [e.address.split("|")[2] for e in daemon.info().endpoints] == [alias]   # the same name
+        assert get(daemon, client, 0, 6) == b"before"
+        with pytest.raises(TransportError, match="stopped"):     # the old one is not looked for there
+            client.read(old, [Transfer(daemon.grant(0, 6, GrantMode.READ), memoryview(bytearray(6)))],
+                        deadline())
+    finally:
+        relay.close()
+
+
+def test_the_engine_is_replaced_before_it_reaches_a_peer_through_stale_state(monkeypatch) -> None:
+    """The rules of mooncake_client._Engines, on stand-in engines (which ports a real engine draws
+    cannot be chosen; the test above forces the first rule on real ones)."""
+    engines = mooncake_client._Engines
+    for name, value in (("_engine", None), ("_reached", {}), ("_gone_on", set()), ("_latest", {})):
+        monkeypatch.setattr(engines, name, value)
+    monkeypatch.setattr(mooncake_client, "local_host_towards", lambda session: "127.0.0.1")
+    monkeypatch.setattr(mooncake_client, "start_engine", lambda host, protocol, device: object())
+
+    def reach(session: str, incarnation: str) -> object:
+        return engines.get("tcp", "", session, incarnation)
+
+    first = reach("10.0.0.1:15001", "0001")
+    assert reach("10.0.0.1:15001", "0001") is first and reach("10.0.0.2:15002", "0002") is first
+    second = reach("10.0.0.1:15001", "0003")      # a new engine under a name reached as another
+    assert second is not first
+    with pytest.raises(TransportError, match="stopped"):
+        reach("10.0.0.1:15001", "0001")           # the older one there has stopped
+    assert reach("10.0.0.2:15002", "0002") is second and reach("10.0.0.2:15004", "0004") is second
+    engines.gone(second, "10.0.0.2:15004")        # a peer on 10.0.0.2 found gone
+    assert reach("10.0.0.2:15002", "0002") is second and reach("10.0.0.1:15005", "0005") is second
+    third = reach("10.0.0.2:15006", "0006")       # a new one on that host: it may have the dead one's data port
+    assert third is not second
+    assert reach("10.0.0.2:15004", "0004") is third   # the gone one again: nothing about it is stale
 
 
 CHILD = textwrap.dedent("""
