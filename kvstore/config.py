@@ -96,7 +96,12 @@ class MetaConfig:
     max_connections_per_peer: int = 256  # fast-lane connections from one peer host
     idle_timeout_s: float = 600.0  # a fast-lane connection with no call for this long is closed
     header_timeout_s: float = 10.0  # a call's frame must arrive this soon after its first byte
+    # The operator's faces listen on hosts of their own, never `host` (docs/security.md): loopback
+    # unless told otherwise. Their writes and /debug/invariants take the admin's token.
     admin_port: int = -1  # HTTP admin face (metrics, dashboard, indexer API): -1 off, 0 any free port
+    admin_host: str = "127.0.0.1"  # address the admin face listens on (an operators' network, not the tenants')
+    admin_request_timeout_s: float = 10.0  # an admin connection's whole request and response must fit in this
+    admin_max_connections: int = 32  # admin requests handled at once (a thread each); more are answered 503
     metrics: bool = True  # count calls, hits and tiers (served at the admin face's /metrics)
     # Durable, highly available metadata (docs/ha.md): records in Redis, a leader elected through a
     # Redis lease, standbys that answer NOT_LEADER. Empty: in memory only.
@@ -117,7 +122,8 @@ class MetaConfig:
     tls_key: str = ""  # PEM private key of tls_cert
     tls_ca: str = ""  # PEM CA bundle: callers must present a certificate it signed (mutual TLS)
     # KV events in vLLM's ZMQ format (docs/kv-events.md).
-    events_port: int = -1  # KV events' PUB socket: -1 off, 0 any free port (unauthenticated: a trusted network)
+    events_port: int = -1  # KV events' PUB socket: -1 off, 0 any free port (unauthenticated: see events_host)
+    events_host: str = "127.0.0.1"  # address the KV events' PUB and replay sockets listen on (operators' network)
     events_replay_port: int = -1  # replay (ROUTER) socket: -1 = events_port + 1 (any free port with 0)
     events_topic: str = ""  # the first frame of every event message (subscribers match it as a prefix)
     events_replay_batches: int = 10_000  # batches kept for replay
@@ -159,6 +165,8 @@ class MetaConfig:
             _require(getattr(self, name) > 0, f"{name} must be positive")
         for name in ("admin_port", "events_port", "events_replay_port"):
             _require(-1 <= getattr(self, name) < 65536, f"{name} {getattr(self, name)} out of range (-1 off, 0 any)")
+        _require(self.admin_request_timeout_s > 0, "admin_request_timeout_s must be positive")
+        _require(self.admin_max_connections >= 1, "admin_max_connections must be at least 1")
         _require(self.events_replay_batches >= 1, "events_replay_batches must be at least 1")
         _require(self.events_block_size >= 0, "events_block_size must not be negative")
 
@@ -210,6 +218,7 @@ class DaemonConfig:
     tls_key: str = ""  # PEM private key of tls_cert
     tls_ca: str = ""  # PEM CA bundle (or the service's own certificate) the metadata service is checked against
     metrics_port: int = -1  # HTTP /metrics of this daemon: -1 off, 0 any free port
+    metrics_host: str = "127.0.0.1"  # address /metrics listens on (an operators' network, reachable by the service)
     test_hooks: bool = False  # tests only: POST /test/throttle on the metrics port slows transfers
 
     def __post_init__(self) -> None:

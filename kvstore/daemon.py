@@ -62,7 +62,7 @@ class StorageDaemon:
             from kvstore.metrics.daemon import DaemonMetrics
 
             self.metrics = DaemonMetrics(self.daemon_id, lambda: list(self._segments.values()), self._connections)
-            self._admin = AdminServer(config.host, config.metrics_port)
+            self._admin = AdminServer(config.metrics_host, config.metrics_port)
             self.metrics.mount(self._admin, config.test_hooks)
         signer = GrantSigner(secret)
         self._checker = GrantChecker(signer, self.segment, observer=self.metrics or NO_TRANSFERS)

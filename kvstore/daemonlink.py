@@ -40,6 +40,9 @@ class ShardLink:
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-s{shard}", daemon=True)
         self._mover: TierMover | None = None
+        # Held by the mover while it journals and reports, and here while a persistent segment is
+        # recovered and announced again: see kvstore/mover.py.
+        self._journal_lock = threading.Lock()
 
     def mount_all(self, deadline: float) -> None:
         """Offer every segment (retrying until `deadline` while the service does not answer) and
@@ -53,12 +56,13 @@ class ShardLink:
     def start(self, segment: Callable[[str], SegmentStorage | None], poll_s: float, batch_bytes: int) -> None:
         """Heartbeats and the mover, until stop()."""
         self._heartbeat.start()
-        self._mover = TierMover(self._daemon_id, self.meta, segment, poll_s, batch_bytes)
+        self._mover = TierMover(self._daemon_id, self.meta, segment, poll_s, batch_bytes, self._journal_lock)
         self._mover.start()
 
     def stop(self) -> None:
-        """Stop the threads and withdraw the segments (best effort: a service that does not answer
-        gives them up when their heartbeats stop)."""
+        """Stop the threads (the mover journals the deletions still waiting for it) and withdraw
+        the segments (best effort: a service that does not answer gives them up when their
+        heartbeats stop)."""
         self._stop.set()
         if self._mover is not None:
             self._mover.stop()
@@ -92,6 +96,7 @@ class ShardLink:
                     seg = self.segments[segment_id]
                     self._mount(seg, time.monotonic() + interval)
                     if isinstance(seg, Persistent):
-                        self._announce(segment_id, seg.recover().blocks)
+                        with self._journal_lock:
+                            self._announce(segment_id, seg.recover().blocks)
             except KVStoreError as exc:
                 log.warning("heartbeat to %s failed: %s", self.meta.address, exc)

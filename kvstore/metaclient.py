@@ -338,13 +338,13 @@ class MetaClient:
         request = pb.AnnounceBlocksRequest(segment_id=segment_id, blocks=wire.blocks_to_pb(blocks))
         return wire.key_results_from_pb(self._call("AnnounceBlocks", request).results)
 
-    def claim_moves(self, daemon_id: str, max_bytes: int) -> list[MoveTask]:
-        response = self._call("ClaimMoves", pb.ClaimMovesRequest(daemon_id=daemon_id, max_bytes=max_bytes))
-        return [wire.move_from_pb(t) for t in response.tasks]
+    def claim_moves(self, daemon_id: str, max_bytes: int, timeout_s: float | None = None) -> list[MoveTask]:
+        request = pb.ClaimMovesRequest(daemon_id=daemon_id, max_bytes=max_bytes)
+        return [wire.move_from_pb(t) for t in self._call("ClaimMoves", request, timeout_s).tasks]
 
-    def complete_moves(self, daemon_id: str, outcomes: Sequence[MoveOutcome]) -> None:
+    def complete_moves(self, daemon_id: str, outcomes: Sequence[MoveOutcome], timeout_s: float | None = None) -> None:
         request = pb.CompleteMovesRequest(daemon_id=daemon_id, results=wire.move_outcomes_to_pb(outcomes))
-        self._call("CompleteMoves", request)
+        self._call("CompleteMoves", request, timeout_s)
 
     # -- operators' calls (read-only) -------------------------------------------------------------
 

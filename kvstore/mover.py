@@ -1,7 +1,12 @@
 """The daemon's mover: claims move tasks from the metadata service, copies the bytes into its own
 segments (between two of them to demote or promote; from another daemon's replica, under a read
 grant, to replace a lost replica), journals what landed on a persistent segment, and reports
-back. The service switches replicas only after the report."""
+back. The service switches replicas only after the report. FORGET tasks move nothing: they name
+blocks of a persistent segment the service no longer holds, whose deletion is journaled.
+
+Journaling and the report happen under `journal_lock`, which the daemon's re-announcement of a
+persistent segment (recover, then announce) holds too: what the service is told a segment holds
+is never older than what it last heard of the segment from this mover."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kvstore.checksum import checksum
 from kvstore.errors import KVStoreError, TransportError, Unavailable
@@ -22,6 +27,7 @@ from kvstore.types import MoveKind, MoveTask, SegmentInfo
 
 log = logging.getLogger(__name__)
 _FETCH_TIMEOUT_S = 10.0
+_FLUSH_TIMEOUT_S = 2.0  # at stop: how long the last claim (deletions only) may take
 
 
 class TierMover:
@@ -32,12 +38,14 @@ class TierMover:
         segments: Callable[[str], SegmentStorage | None],
         poll_s: float,
         batch_bytes: int,
+        journal_lock: threading.Lock | None = None,
     ) -> None:
         self._daemon_id = daemon_id
         self._meta = meta
         self._segments = segments
         self._poll_s = poll_s
         self._batch_bytes = batch_bytes
+        self._journal_lock = journal_lock or threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="daemon-mover", daemon=True)
         self._transports: dict[str, Transport] = {}  # client sides, for copies from other daemons
@@ -47,9 +55,16 @@ class TierMover:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop claiming, and journal the deletions the service has for this daemon's persistent
+        segments now (best effort: a service that does not answer keeps them, and refuses those
+        blocks when they are announced again)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        try:
+            self._run(self._meta.claim_moves(self._daemon_id, 0, timeout_s=_FLUSH_TIMEOUT_S), _FLUSH_TIMEOUT_S)
+        except KVStoreError as exc:
+            log.warning("deletions for the SSD journal not taken at stop: %s", exc)
         for transport in self._transports.values():
             transport.close()
 
@@ -68,13 +83,21 @@ class TierMover:
         tasks = self._meta.claim_moves(self._daemon_id, self._batch_bytes)
         if not tasks:
             return False
-        results = [self._copy(t) for t in tasks]
-        self._journal([t for t, (ok, _) in zip(tasks, results) if ok])
-        self._meta.complete_moves(
-            self._daemon_id, [MoveOutcome(t.move_id, ok, err) for t, (ok, err) in zip(tasks, results)]
-        )
-        self.moved += sum(ok for ok, _ in results)
+        self._run(tasks)
         return True
+
+    def _run(self, tasks: Sequence[MoveTask], timeout_s: float | None = None) -> None:
+        forgets = [t for t in tasks if t.kind is MoveKind.FORGET]
+        moves = [t for t in tasks if t.kind is not MoveKind.FORGET]
+        results = [self._copy(t) for t in moves]
+        with self._journal_lock:
+            # Deletions first: the service handed them out before any move in this batch was made.
+            outcomes = self._forget(forgets)
+            self._journal([t for t, (ok, _) in zip(moves, results) if ok])
+            outcomes += [MoveOutcome(t.move_id, ok, err) for t, (ok, err) in zip(moves, results)]
+            if outcomes:
+                self._meta.complete_moves(self._daemon_id, outcomes, timeout_s=timeout_s)
+        self.moved += sum(ok for ok, _ in results)
 
     def _copy(self, task: MoveTask) -> tuple[bool, str]:
         dst = self._segments(task.dst_segment_id)
@@ -121,6 +144,26 @@ class TierMover:
             if transport.can_reach(segment):
                 return transport
         raise TransportError(f"no transport of this daemon reaches segment {segment.segment_id}")
+
+    def _forget(self, tasks: list[MoveTask]) -> list[MoveOutcome]:
+        """Journal FORGET tasks' deletions, one append per segment. A segment this daemon does not
+        serve, or that keeps no journal, has nothing to forget; a journal that fails is reported,
+        and the service hands the task out again."""
+        by_segment: dict[str, list[MoveTask]] = defaultdict(list)
+        for t in tasks:
+            by_segment[t.dst_segment_id].append(t)
+        outcomes = []
+        for segment_id, forgets in by_segment.items():
+            seg = self._segments(segment_id)
+            ok, error = True, ""
+            if seg is not None and isinstance(seg, Persistent):
+                try:
+                    seg.forget_many([Block(t.key, t.dst_offset, t.size, t.checksum) for t in forgets])
+                except OSError as exc:
+                    log.warning("journal of deletions in %s failed: %s", segment_id, exc)
+                    ok, error = False, f"journal failed: {exc}"
+            outcomes += [MoveOutcome(t.move_id, ok, error) for t in forgets]
+        return outcomes
 
     def _journal(self, done: list[MoveTask]) -> None:
         """Record blocks that landed on persistent segments, so a restart can re-announce them."""

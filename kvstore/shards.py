@@ -121,8 +121,9 @@ class ShardSpec:
 @dataclass(frozen=True)
 class ShardMap:
     """Every shard's service address (its leader's, as far as the answering service knows), and
-    the map's epoch: a service answers WRONG_SHARD to a key it does not own, naming its epoch,
-    and a client then reads the map again."""
+    the map's epoch, which grows whenever the map changes (kvstore/meta/shardmap.py): a service
+    answers WRONG_SHARD to a key it does not own, naming its epoch, and a client whose map is no
+    newer reads the map again."""
 
     addresses: tuple[str, ...]
     epoch: int = 0

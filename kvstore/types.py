@@ -65,18 +65,22 @@ class Grant:
 
 
 class MoveKind(IntEnum):
-    """What a move task does: a tier move, or a copy for a key that lost replicas."""
+    """What a move task does: a tier move, a copy for a key that lost replicas, or a deletion for
+    a persistent segment's journal (FORGET: no bytes move)."""
 
     DEMOTE = 1
     PROMOTE = 2
     REPLICATE = 3
+    FORGET = 4
 
 
 @dataclass(frozen=True)
 class MoveTask:
     """Copy one block into a segment of the daemon that claims the task: from another of its
     segments (DEMOTE, PROMOTE), or from another daemon's replica (REPLICATE: `source` is a read
-    grant on it, `source_segment` where it is)."""
+    grant on it, `source_segment` where it is). FORGET copies nothing: the block (key, checksum)
+    at dst_offset of the persistent segment dst_segment_id is gone, and its journal must say so
+    (src_segment_id is empty)."""
 
     move_id: int
     kind: MoveKind

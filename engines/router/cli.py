@@ -161,13 +161,17 @@ async def _wait_for_instances(backend: "Backend", pools: "Pools", wait_s: float)
 
 
 def _register(admin: str, url: str) -> None:
-    """Tell the service's dashboard where this router is (it polls /router/state)."""
+    """Tell the service's dashboard where this router is (it polls /router/state). An operator's
+    call: it carries the operator's token ($KVSTORE_TOKEN, else the token file)."""
     import json
     import urllib.request
 
+    from kvstore.tokens import client_token
+
     base = admin if admin.startswith("http") else f"http://{admin}"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {client_token()}"}
     request = urllib.request.Request(f"{base}/dashboard/routers", data=json.dumps({"url": url}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=5):
             pass

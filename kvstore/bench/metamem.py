@@ -57,7 +57,8 @@ def measure(blocks: int) -> MetaMemory:
         stop = min(blocks, start + BATCH)
         keys = [KEY_FORMAT.format(i) for i in range(start, stop)]
         store.put_start(keys, array("q", [BLOCK_SIZE] * len(keys)).tolist())
-        store.put_end(keys, array("Q", [(i * _MIX) & (2**64 - 1) for i in range(start, stop)]).tolist())
+        checksums = array("Q", [(i * _MIX) & (2**64 - 1) for i in range(start, stop)]).tolist()
+        store.put_end(keys, checksums, unchecked_ok=True)  # as a writer trusted with shm: no receipts
     seconds = time.perf_counter() - t0
     gc.collect()
     stored = store.stats().keys

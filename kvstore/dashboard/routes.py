@@ -4,6 +4,7 @@ GET  /metrics            Prometheus text (when the service counts metrics)
 GET  /dashboard          the live page
 GET  /dashboard/data     its JSON snapshot (kvstore top reads it too); 503 on a standby
 POST /dashboard/routers  {"url": "http://router:8000"}: show that router's TTFT, TPOT, fallbacks
+                         (the operator's token: the service fetches that URL every 2 s)
 GET  /sd/targets         Prometheus HTTP service discovery: this service and every daemon's /metrics
 """
 

@@ -62,8 +62,8 @@ class ZmqPublisher:
         if replay_port < 0:
             replay_port = config.events_port + 1 if config.events_port > 0 else 0
         try:
-            self.endpoint = _bind(self._pub, config.host, config.events_port)
-            self.replay_endpoint = _bind(self._router, config.host, replay_port)
+            self.endpoint = _bind(self._pub, config.events_host, config.events_port)
+            self.replay_endpoint = _bind(self._router, config.events_host, replay_port)
         except OSError:
             self._close_sockets()
             raise

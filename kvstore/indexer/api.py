@@ -1,7 +1,7 @@
 """The indexer's HTTP face, in the conventions of Mooncake's KV indexer API (Conductor):
 
-    POST /register        consume a vLLM-format KV event publisher (an engine)
-    POST /unregister      stop consuming it
+    POST /register        consume a vLLM-format KV event publisher (an engine)   operator's token
+    POST /unregister      stop consuming it                                     operator's token
     POST /query           token ids -> the longest cached prefix, in tokens, per instance and medium
     POST /query_by_hash   the same from kvstore rolling hashes
 
@@ -35,14 +35,16 @@ class IndexerApi:
         self.registry = registry or Registry()
 
     def mount(self, admin: AdminServer) -> None:
-        routes: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "/register": self.register,
-            "/unregister": self.unregister,
-            "/query": self.query,
-            "/query_by_hash": self.query_by_hash,
+        """Registration makes the service dial the endpoint it is given: the operator's call
+        (guarded); the queries only read, and stay open on the admin face."""
+        routes: dict[str, tuple[Callable[[dict[str, Any]], Any], bool]] = {
+            "/register": (self.register, True),
+            "/unregister": (self.unregister, True),
+            "/query": (self.query, False),
+            "/query_by_hash": (self.query_by_hash, False),
         }
-        for path, handler in routes.items():
-            admin.route("POST", path, _json_handler(handler))
+        for path, (handler, guarded) in routes.items():
+            admin.route("POST", path, _json_handler(handler), guarded=guarded)
 
     def close(self) -> None:
         self.registry.close()

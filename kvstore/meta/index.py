@@ -14,7 +14,7 @@ entry is a three-slot object and a replica location is one packed int (see segme
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -23,6 +23,10 @@ from kvstore.meta.orders import KeyOrders
 from kvstore.meta.tenants import DEFAULT_ID, tenant_of
 
 _MAX_SHARED_SIZES = 4096
+
+# Told (key, locations, entry) when a COMPLETE key stops having replicas at `locations`
+# (removed, evicted, moved away, or its segment dropped); it must only record.
+LostReplicas = Callable[[str, tuple[int, ...], "Entry"], None]
 
 
 class ObjectState(Enum):
@@ -70,6 +74,7 @@ class ObjectIndex:
         self.tenant_keys: Counter[int] = Counter()
         self.tenant_pending: Counter[int] = Counter()
         self.orders = KeyOrders()  # per tenant recency, byte order
+        self.on_lost: LostReplicas | None = None  # forgets.py: SSD journals hear of what is gone
 
     def __len__(self) -> int:
         return len(self._complete)
@@ -146,6 +151,8 @@ class ObjectIndex:
         self.orders.removed(key)
         if key[:1] == "\0":
             self.tenant_keys[tenant_of(key)] -= 1
+        if self.on_lost is not None:
+            self.on_lost(key, entry.replicas(), entry)
         return entry
 
     def touch(self, key: str) -> None:
@@ -158,7 +165,10 @@ class ObjectIndex:
     def set_replicas(self, key: str, locations: tuple[int, ...]) -> None:
         """Replace where a key lives (a replica was lost, or the block moved); keeps recency."""
         if key in self._complete:
-            self._complete[key].locations = _pack(locations)
+            entry = self._complete[key]
+            if self.on_lost is not None and (lost := tuple(x for x in entry.replicas() if x not in locations)):
+                self.on_lost(key, lost, entry)
+            entry.locations = _pack(locations)
         elif key in self._pending:
             put = self._pending[key]
             self.tenant_pending[tenant_of(key)] += put.size * (len(locations) - len(put.locations))

@@ -4,9 +4,16 @@ removed."""
 
 from __future__ import annotations
 
-import random
 import secrets
 from collections.abc import Iterator
+from typing import NamedTuple
+
+
+class Reader(NamedTuple):
+    """A read lease as its key's removal hands it on: it runs until `until` for `holder`."""
+
+    until: float
+    holder: str
 
 
 class LeaseTable:
@@ -49,23 +56,22 @@ class ReadLeases:
     """Read leases, one per key handed out by a Get. A key with a running lease is neither
     evicted, moved nor removed (without force). A reader that is done ends its lease early by
     its id; one that never says so (it crashed, or does not bother) holds it until it runs out.
-    Ids are random and a lease is bound to its holder: only the client that took it can end it."""
+    A lease is bound to its holder: only the client that took it can end it, also once its key is
+    gone (the quarantine keeps the holder). Ids are drawn from the OS generator, so one client's
+    ids say nothing of another's (a seeded Mersenne Twister's next outputs follow from ~20 ids)."""
 
     def __init__(self) -> None:
         self._by_key: dict[str, dict[int, float]] = {}  # key -> {lease id: until}
         self._of: dict[int, tuple[str, str]] = {}  # lease id -> (key, holder)
-        # Unguessable enough (seeded from the OS), and a lease only ends for its holder anyway;
-        # the OS generator itself costs a system call per lease.
-        self._ids = random.Random(secrets.randbits(128))
 
     def __len__(self) -> int:
         return len(self._by_key)
 
     def hold(self, key: str, until: float, holder: str = "") -> int:
         """A new lease on `key` until `until` for `holder`; returns its id."""
-        lease_id = self._ids.getrandbits(63) or 1
+        lease_id = secrets.randbits(63) or 1
         while lease_id in self._of:
-            lease_id = self._ids.getrandbits(63) or 1
+            lease_id = secrets.randbits(63) or 1
         self._by_key.setdefault(key, {})[lease_id] = until
         self._of[lease_id] = (key, holder)
         return lease_id
@@ -99,12 +105,10 @@ class ReadLeases:
             del self._by_key[found[0]]
         return True
 
-    def release(self, key: str) -> dict[int, float]:
-        """Forget every lease on `key` (it is going away); returns them, id -> until."""
+    def release(self, key: str) -> dict[int, Reader]:
+        """Forget every lease on `key` (it is going away); returns them, id -> (until, holder)."""
         leases = self._by_key.pop(key, {})
-        for lease_id in leases:
-            del self._of[lease_id]
-        return leases
+        return {lease_id: Reader(until, self._of.pop(lease_id)[1]) for lease_id, until in leases.items()}
 
     def expire(self, now: float) -> int:
         """Forget leases that ran out; returns how many."""

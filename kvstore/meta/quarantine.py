@@ -1,7 +1,8 @@
 """Freed space that must not be handed out yet.
 
 A block's space is reused only when nothing can still touch its bytes there:
-  - no reader is still copying: every read lease on it has been handed back or has run out;
+  - no reader is still copying: every read lease on it has been handed back (by the reader
+    that took it: the space remembers each lease's holder) or has run out;
   - no grant for it can still be honoured by a daemon: every daemon-checked grant (a read grant,
     or a write grant no receipt showed spent) has expired.
 Space freed before both hold waits here; each tick frees what has come due. `grace` covers a
@@ -13,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from kvstore.meta.lease import Reader
+
 
 @dataclass
 class Held:
     locations: tuple[int, ...]
     size: int
-    readers: set[int]  # ids of read leases that may still be copying
+    readers: dict[int, str]  # read leases that may still be copying: id -> holder
     readers_until: float  # the last of those leases runs out
     grants_until: float  # the last daemon-checked grant over the space expires
 
@@ -58,22 +61,24 @@ class Quarantine:
                 first = min(first, held.due_at(self.grace))
         return total, first
 
-    def needed(self, readers: dict[int, float], grants_until: float, now: float) -> bool:
-        """Whether space with these readers (lease id -> until) and grants must wait."""
+    def needed(self, readers: dict[int, Reader], grants_until: float, now: float) -> bool:
+        """Whether space with these readers (lease id -> until, holder) and grants must wait."""
         return bool(readers) or grants_until + self.grace >= now
 
-    def hold(self, locations: tuple[int, ...], size: int, readers: dict[int, float], grants_until: float) -> None:
-        held = Held(locations, size, set(readers), max(readers.values(), default=0.0), grants_until)
+    def hold(self, locations: tuple[int, ...], size: int, readers: dict[int, Reader], grants_until: float) -> None:
+        until = max((r.until for r in readers.values()), default=0.0)
+        held = Held(locations, size, {i: r.holder for i, r in readers.items()}, until, grants_until)
         self._held.append(held)
         self._by_reader.update(dict.fromkeys(readers, held))
 
-    def reader_done(self, lease_id: int, now: float) -> Held | None:
-        """A reader handed its lease back; returns the space if that made it due (the caller
-        frees it)."""
-        held = self._by_reader.pop(lease_id, None)
-        if held is None:
+    def reader_done(self, lease_id: int, holder: str, now: float) -> Held | None:
+        """`holder` handed its lease back; returns the space if that made it due (the caller
+        frees it). A lease id named by anyone but the reader that took it changes nothing."""
+        held = self._by_reader.get(lease_id)
+        if held is None or held.readers[lease_id] != holder:
             return None
-        held.readers.discard(lease_id)
+        del self._by_reader[lease_id]
+        del held.readers[lease_id]
         if held.due(now, self.grace):
             self._release(held)
             return held

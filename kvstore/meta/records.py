@@ -32,6 +32,15 @@ class SegmentRecord(NamedTuple):
     info: SegmentInfo
 
 
+class Unreadable(NamedTuple):
+    """A record a load could not decode, in place of the record: a restore skips it, logs it and
+    counts it (one bad record must not keep every service from leading)."""
+
+    table: str  # "obj", "seg", "pin" or "ten"
+    key: str  # the record's field, undecodable bytes escaped
+    why: str
+
+
 def encode_object(record: ObjectRecord) -> bytes:
     head = _OBJECT.pack(record.size, record.checksum, min(record.wanted, 255))
     return head + b"".join(_LOCATION.pack(loc) for loc in record.locations)

@@ -8,6 +8,11 @@ its segments' allocators, so space the journal says is used is never handed out;
 naming a segment that is gone, or a range that another record claims, loses that replica (and
 the object, with its last one). Pins come back with their deadline; leases, puts in progress
 and LRU order do not.
+
+A record that cannot be read (it does not decode, names no valid tenant, or a segment no daemon
+could have mounted) is skipped, logged and counted (`Restored.unreadable`), never raised: one bad
+record must not keep every service from leading. It stays in the journal, for an operator to
+look at; the space it claimed is not reserved, since nothing can be served from it.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import logging
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from kvstore.meta.records import ObjectRecord, SegmentRecord
+from kvstore.errors import InvalidArgument
+from kvstore.meta.records import ObjectRecord, SegmentRecord, Unreadable
 from kvstore.meta.segments import unpack_location
 from kvstore.meta.state import MetaState
+from kvstore.meta.tenants import Tenant, check_name
 
 log = logging.getLogger(__name__)
+_NAMED = 20  # unreadable records logged one by one; past that, only counted
 
 
 class Restored(NamedTuple):
@@ -28,23 +36,56 @@ class Restored(NamedTuple):
     objects: int
     replicas_dropped: int  # records naming a missing segment or a range taken twice
     objects_dropped: int
+    unreadable: int = 0  # records skipped because they could not be read (each logged)
+
+
+class _Skipped:
+    """Counts (and logs) the records a restore skips."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def skip(self, record: Unreadable) -> None:
+        self.count += 1
+        if self.count <= _NAMED:
+            log.error("restore: skipped the unreadable %s record %r: %s", record.table, record.key, record.why)
 
 
 def restore(
     st: MetaState,
-    segments: Iterable[SegmentRecord],
-    objects: Iterable[tuple[str, ObjectRecord]],
-    pins: Iterable[tuple[str, float]],
+    segments: Iterable[SegmentRecord | Unreadable],
+    objects: Iterable[tuple[str, ObjectRecord] | Unreadable],
+    pins: Iterable[tuple[str, float] | Unreadable],
     tenants: dict[str, bytes],
     now: float,
     mono: float,
 ) -> Restored:
-    st.tenants.load(tenants)
+    skipped = _Skipped()
+    for name, data in tenants.items():
+        try:
+            check_name(name)
+            Tenant.decode(name, data)
+        except InvalidArgument as exc:
+            skipped.skip(Unreadable("ten", name, str(exc)))
+            continue
+        st.tenants.load({name: data})
     n_segments = 0
     for seg in segments:
-        st.segments.mount(seg.info, mono, number=seg.number, confirmed=False)
+        if isinstance(seg, Unreadable):
+            skipped.skip(seg)
+            continue
+        try:
+            st.segments.mount(seg.info, mono, number=seg.number, confirmed=False)
+        except InvalidArgument as exc:  # no capacity, no endpoint, a number taken twice
+            skipped.skip(Unreadable("seg", seg.info.segment_id, str(exc)))
+            continue
         n_segments += 1
-    records = list(objects)
+    records: list[tuple[str, ObjectRecord]] = []
+    for item in objects:
+        if isinstance(item, Unreadable):
+            skipped.skip(item)
+        else:
+            records.append(item)
     # Each segment's ranges are reserved together, in record order: one reserve() per replica
     # would scan the free list each time, quadratic in the blocks of a segment.
     claims: dict[int, list[tuple[int, int]]] = {}  # segment number -> (offset, size) per replica
@@ -76,9 +117,13 @@ def restore(
         if len(locations) < len(record.locations):
             st.changed_keys.add(key)
         kept += 1
-    for key, until in pins:
-        if until > now and st.index.is_complete(key):
-            st.pins.hold(key, until)
+    for pin in pins:
+        if isinstance(pin, Unreadable):
+            skipped.skip(pin)
+        elif pin[1] > now and st.index.is_complete(pin[0]):
+            st.pins.hold(*pin)
     if replicas_dropped:
         log.warning("restore: %d replicas named a missing segment or a range taken twice; dropped", replicas_dropped)
-    return Restored(n_segments, kept, replicas_dropped, objects_dropped)
+    if skipped.count:
+        log.error("restore: %d unreadable records skipped (the first %d named above)", skipped.count, _NAMED)
+    return Restored(n_segments, kept, replicas_dropped, objects_dropped, skipped.count)

@@ -22,16 +22,17 @@ successor was handed the same epoch number again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from kvstore.errors import InvalidArgument, Unavailable
 from kvstore.meta.journal import Changes
-from kvstore.meta.records import ObjectRecord, SegmentRecord, decode_object, decode_pin, decode_segment
+from kvstore.meta.records import ObjectRecord, SegmentRecord, Unreadable, decode_object, decode_pin, decode_segment
 from kvstore.rediskeys import Keys, connect
 
 __all__ = ["SCHEMA", "Keys", "RedisRecords", "check_schema", "connect"]
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SCHEMA = "kvstore-meta-1"
 
@@ -82,18 +83,23 @@ class RedisRecords:
         self.durability = durability
         self._write = client.register_script(_WRITE)
 
-    def load_segments(self) -> list[SegmentRecord]:
-        return [decode_segment(v) for _, v in self._scan(self.keys.seg)]
+    # The loaders never raise on a record: one that does not decode comes back as Unreadable, in
+    # its place, for the restore to skip, log and count (recovery.py).
 
-    def load_objects(self) -> Iterator[tuple[str, ObjectRecord]]:
+    def load_segments(self) -> list[SegmentRecord | Unreadable]:
+        return [_decoded("seg", k, v, _segment) for k, v in self._scan(self.keys.seg)]
+
+    def load_objects(self) -> Iterator[tuple[str, ObjectRecord] | Unreadable]:
         for k, v in self._scan(self.keys.obj):
-            yield k.decode("utf-8"), decode_object(v)
+            yield _decoded("obj", k, v, _object)
 
-    def load_pins(self) -> list[tuple[str, float]]:
-        return [(k.decode("utf-8"), decode_pin(v)) for k, v in self._scan(self.keys.pin)]
+    def load_pins(self) -> list[tuple[str, float] | Unreadable]:
+        return [_decoded("pin", k, v, _pin) for k, v in self._scan(self.keys.pin)]
 
     def load_tenants(self) -> dict[str, bytes]:
-        return {k.decode("utf-8"): v for k, v in self._scan(self.keys.ten)}
+        """Name -> record, decoded by the restore (which skips a record it cannot read); a name
+        that is not UTF-8 comes escaped, and is refused there as no tenant's name."""
+        return {k.decode("utf-8", "backslashreplace"): v for k, v in self._scan(self.keys.ten)}
 
     def _scan(self, key: str) -> Iterator[tuple[bytes, bytes]]:
         cursor = 0
@@ -155,6 +161,25 @@ class RedisRecords:
         if fsync not in ("always", "everysec"):
             return f"Redis fsyncs its AOF when the OS decides ({fsync}): a host crash loses minutes of changes"
         return ""
+
+
+def _decoded(table: str, field: bytes, value: bytes, decode: Callable[[bytes, bytes], T]) -> T | Unreadable:
+    try:
+        return decode(field, value)
+    except Exception as exc:  # noqa: BLE001 - a record of any shape is data, never a reason not to lead
+        return Unreadable(table, field.decode("utf-8", "backslashreplace"), f"{type(exc).__name__}: {exc}")
+
+
+def _segment(field: bytes, value: bytes) -> SegmentRecord:
+    return decode_segment(value)
+
+
+def _object(field: bytes, value: bytes) -> tuple[str, ObjectRecord]:
+    return field.decode("utf-8"), decode_object(value)
+
+
+def _pin(field: bytes, value: bytes) -> tuple[str, float]:
+    return field.decode("utf-8"), decode_pin(value)
 
 
 def _node_of(client: Any, key: str) -> Any:

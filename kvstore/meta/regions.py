@@ -10,17 +10,20 @@ the region and not to overlap each other, so no two keys ever share bytes.
 
 Regions are not journaled, like puts in progress: a service that takes over waits out every
 grant the old one signed before it allocates, and knows none of its regions (their commits
-come back KEY_NOT_FOUND, and the writer puts those keys again).
+come back KEY_NOT_FOUND, and the writer puts those keys again). A reservation is answered only
+once every change made before it is durable, as a PutStart is: space freed by a removal or an
+eviction still being written is never handed to a region before that removal is in the journal.
+Region ids come from the OS generator (`secrets`): one writer cannot predict another's.
 """
 
 from __future__ import annotations
 
 import bisect
-import random
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from kvstore.clock import Clock
 from kvstore.config import MetaConfig
@@ -35,6 +38,14 @@ from kvstore.results import OK, KeyResult, Reserved
 from kvstore.types import GrantMode, Tier, validate_keys
 
 MAX_REGION_BYTES = 64 << 20
+T = TypeVar("T")
+
+
+class Sliced(Protocol):
+    """MetaStore._sliced: work(indices, now) per slice under the lock; with `changes`, returns
+    once what the slices changed, and everything submitted before, is durable."""
+
+    def __call__(self, n: int, work: Callable[[range, float], list[T]], changes: bool = ..., /) -> list[T]: ...
 
 
 @dataclass
@@ -78,7 +89,6 @@ class Regions:
         self._st = state
         self._signer = signer
         self._regions: dict[int, Region] = {}
-        self._ids = random.Random(secrets.randbits(128))
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -105,7 +115,9 @@ class Regions:
             offset = seg.allocator.allocate(length)
             if offset is None:
                 continue
-            region_id = self._ids.getrandbits(63) or 1
+            region_id = secrets.randbits(63) or 1
+            while region_id in self._regions:
+                region_id = secrets.randbits(63) or 1
             until = now + self.config.write_grant_ttl_s
             region = self._regions[region_id] = Region(region_id, holder, seg, offset, length, until)
             grant = self._signer.sign(seg.segment_id, offset, length, GrantMode.WRITE, int(until * 1000), LOCAL)
@@ -173,7 +185,7 @@ class Regions:
 
 class RegionCalls:
     """Reserve and PutCommit as MetaStore's calls (`store.regions`): the gate is checked, the lock
-    taken, and commits worked through in the store's journaled slices."""
+    taken, and both worked through in the store's journaled slices."""
 
     def __init__(
         self,
@@ -181,7 +193,7 @@ class RegionCalls:
         lock: threading.RLock,
         gate: WriteGate,
         clock: Clock,
-        sliced: Callable[[int, Callable[[range, float], list[KeyResult]], bool], list[KeyResult]],
+        sliced: Sliced,
     ) -> None:
         self.regions = regions
         self._lock = lock
@@ -190,10 +202,16 @@ class RegionCalls:
         self._sliced = sliced
 
     def reserve(self, client_id: str, client_host: str, size: int, tenant: int = DEFAULT_ID) -> Reserved:
-        """A region for one same-host writer's small values; space is taken, nothing evicted."""
+        """A region for one same-host writer's small values; space is taken, nothing evicted.
+        Answered once every earlier change is durable: the space may be a removed key's."""
         self._gate.check()
-        with self._lock:
-            return self.regions.reserve(client_id, client_host, size, self._clock.now(), tenant)
+        reserve = self.regions.reserve
+
+        def work(part: range, now: float) -> list[Reserved]:
+            return [reserve(client_id, client_host, size, now, tenant)]
+
+        [reserved] = self._sliced(1, work, True)
+        return reserved
 
     def put_commit(
         self,

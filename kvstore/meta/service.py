@@ -15,10 +15,10 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvstore import fastrpc, tokens, wire
-from kvstore.admin import AdminServer, Response
+from kvstore.admin import AdminLimits, AdminServer, Response
 from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
-from kvstore.errors import KVStoreError, Unavailable, to_grpc_status
+from kvstore.errors import KVStoreError, PermissionDenied, Unavailable, to_grpc_status
 from kvstore.events.service import ServiceEvents
 from kvstore.grant import GrantSigner
 from kvstore.logs import RateLimited
@@ -201,9 +201,12 @@ class MetaServer:
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._ticker = threading.Thread(target=self._tick_loop, name="meta-tick", daemon=True)
-        self.admin: AdminServer | None = AdminServer(config.host, config.admin_port) if config.admin_port >= 0 else None
-        if self.admin is not None:
-            self.admin.route("GET", "/debug/invariants", self._invariants)
+        self.admin: AdminServer | None = None
+        if config.admin_port >= 0:
+            limits = AdminLimits(config.admin_request_timeout_s, config.admin_max_connections)
+            self.admin = AdminServer(config.admin_host, config.admin_port, self._operator, limits)
+            # An O(N) walk under the store's lock: the operator's call only, as the writes are.
+            self.admin.route("GET", "/debug/invariants", self._invariants, guarded=True)
             from kvstore.dashboard.routes import mount
 
             registry, lookups = (self.metrics.registry, self.metrics.lookups) if self.metrics else (None, dict)
@@ -224,6 +227,12 @@ class MetaServer:
     @property
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
+
+    def _operator(self, token: str) -> None:
+        """The admin face's guard: returns if `token` is the operator's (an admin's, as gRPC
+        would have it); Unauthenticated or PermissionDenied if not."""
+        if not self.auth.principal(token).admin:
+            raise PermissionDenied("a tenant's or a daemon's token is not the operator's")
 
     def _invariants(self, query: dict[str, list[str]], body: bytes) -> Response:
         """check_invariants() of the store this service answers from (for tests and operators)."""

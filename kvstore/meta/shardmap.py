@@ -2,15 +2,23 @@
 
 On Redis the map is the cluster's `shards` record (shard count and map epoch, claimed by the
 first shard to start, checked by every other) and each shard's leader key. In memory it is the
-`shard_map` setting: every shard's address by index (`kvstore serve --shards S` writes it)."""
+`shard_map` setting: every shard's address by index (`kvstore serve --shards S` writes it).
+
+The map's epoch grows whenever the map changes, so a client can tell a newer map from its own
+(WRONG_SHARD names it). In memory: each update that changes an address. On Redis it is computed
+from what every service reads alike: the `shards` record's epoch plus every shard's election
+epoch, which each new leader increments and writes with its address (a shard whose leader's
+lease lapsed shows no address, and its last epoch, until the next election moves it: clients
+route by no map with a hole).
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
+from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import InvalidArgument, Unavailable
 from kvstore.rediskeys import Keys
@@ -30,24 +38,29 @@ class StaticShards:
             raise InvalidArgument(f"shard_map names {len(listed)} shards, but this is shard {spec}")
         if listed:
             listed[spec.index] = listed[spec.index] or own
-        self.map = ShardMap(tuple(listed), 0)
+        self.map = ShardMap(tuple(listed), 1 if listed else 0)
+        self._lock = threading.Lock()
 
     def current(self) -> ShardMap:
         return self.map
 
     def update(self, addresses: list[str]) -> None:
-        """Every shard's address, once all are up (`kvstore serve --shards`)."""
-        self.map = ShardMap(tuple(addresses), self.map.epoch)
+        """Every shard's address, once all are up (`kvstore serve --shards`): a map that differs
+        from the one held comes with the next epoch."""
+        with self._lock:
+            if tuple(addresses) != self.map.addresses:
+                self.map = ShardMap(tuple(addresses), self.map.epoch + 1)
 
 
 class RedisShards:
-    """The map in Redis: the count is claimed (or checked) at start; leaders are read, at most
-    once a second, when a client asks."""
+    """The map in Redis: the count is claimed (or checked) at start; leaders and their election
+    epochs are read, at most once a second, when a client asks."""
 
-    def __init__(self, client: Any, cluster: str, spec: ShardSpec) -> None:
+    def __init__(self, client: Any, cluster: str, spec: ShardSpec, clock: Clock | None = None) -> None:
         self._client = client
         self._cluster = cluster
         self._spec = spec
+        self._clock = clock or SystemClock()
         key = Keys(cluster).shards
         client.hsetnx(key, "count", spec.count)
         client.hsetnx(key, "epoch", 0)
@@ -62,14 +75,17 @@ class RedisShards:
 
     def current(self) -> ShardMap:
         with self._lock:
-            if self._cached is not None and time.monotonic() - self._cached[0] < _CACHE_S:
+            if self._cached is not None and self._clock.monotonic() - self._cached[0] < _CACHE_S:
                 return self._cached[1]
         try:
             epoch = int(self._client.hget(Keys(self._cluster).shards, "epoch") or 0)
             leaders = []
             for i in range(self._spec.count):
-                found = self._client.hget(Keys.of_shard(self._cluster, i).leader, "addr")
-                leaders.append(found.decode() if found else "")
+                keys = Keys.of_shard(self._cluster, i)
+                # Address and election epoch in one read: the election writes them together.
+                addr, elected = self._client.hmget(keys.leader, ["addr", "epoch"])
+                leaders.append(addr.decode() if addr else "")
+                epoch += int((elected if addr else self._client.get(keys.epoch)) or 0)
         except Exception as exc:  # Redis down: the last map read, else a typed error
             with self._lock:
                 if self._cached is not None:
@@ -77,7 +93,7 @@ class RedisShards:
             raise Unavailable(f"the shard map is in Redis, which does not answer ({exc}): retry") from exc
         shard_map = ShardMap(tuple(leaders), epoch)
         with self._lock:
-            self._cached = (time.monotonic(), shard_map)
+            self._cached = (self._clock.monotonic(), shard_map)
         return shard_map
 
 

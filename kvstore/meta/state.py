@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from kvstore.meta.events import EventSink, NoEvents
 from kvstore.meta.index import ObjectIndex
 from kvstore.meta.journal import Changes
-from kvstore.meta.lease import LeaseTable, ReadLeases
+from kvstore.meta.lease import LeaseTable, Reader, ReadLeases
 from kvstore.meta.quarantine import Quarantine
 from kvstore.meta.records import ObjectRecord, SegmentRecord, encode_object, encode_pin, encode_segment
 from kvstore.meta.segments import Segment, SegmentTable, unpack_location
@@ -131,9 +131,9 @@ class MetaState:
     # -- freeing space ---------------------------------------------------------------------------
 
     def release(
-        self, locations: tuple[int, ...], size: int, now: float, grants_until: float, readers: dict[int, float]
+        self, locations: tuple[int, ...], size: int, now: float, grants_until: float, readers: dict[int, Reader]
     ) -> None:
-        """Free the space now, or hold it until the readers (lease id -> until) and the grants
+        """Free the space now, or hold it until the readers (lease id -> until, holder) and the grants
         (daemon-checked, until `grants_until`) can no longer touch it."""
         if self.quarantine.needed(readers, grants_until, now):
             self.quarantine.hold(locations, size, readers, grants_until)
@@ -149,7 +149,7 @@ class MetaState:
         """COMPLETE -> ABSENT; returns the locations it had. Their space is freed once no reader
         and no grant can touch it."""
         entry = self.index.remove(key)
-        readers = {i: t for i, t in self.leases.release(key).items() if t >= now}
+        readers = {i: r for i, r in self.leases.release(key).items() if r.until >= now}
         if key in self.pins and self.tracking:
             self.changed_pins.add(key)
         self.pins.release(key)
@@ -175,7 +175,7 @@ class MetaState:
         for lease_id in lease_ids:
             if self.leases.end(lease_id, holder):
                 continue
-            held = self.quarantine.reader_done(lease_id, now)
+            held = self.quarantine.reader_done(lease_id, holder, now)
             if held is not None:
                 self._free(held.locations, held.size)
 

@@ -19,12 +19,12 @@ from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import InvalidArgument
 from kvstore.grant import GrantSigner
-from kvstore.meta import inspect, listing, pins, recovery, upkeep
+from kvstore.meta import forgets, inspect, listing, pins, recovery, upkeep
 from kvstore.meta.eviction import EvictionPolicy, LRUEviction
 from kvstore.meta.gate import WriteGate
 from kvstore.meta.journal import Journal, NoJournal
 from kvstore.meta.reads import Reads
-from kvstore.meta.records import ObjectRecord, SegmentRecord
+from kvstore.meta.records import ObjectRecord, SegmentRecord, Unreadable
 from kvstore.meta.recovery import Restored
 from kvstore.meta.regions import RegionCalls, Regions
 from kvstore.meta.state import MetaState
@@ -72,6 +72,7 @@ class MetaStore:
         self._st.tracking = self._journal.durable
         self._gate = WriteGate(config, self._clock, self._journal)
         self._tiering = Tiering(config, self._st, self._policy, signer)
+        self._forgets = forgets.SsdForgets(self._st, config.move_timeout_s)  # deletions SSD journals must hear of
         self._writes = Writes(config, self._st, signer, self._policy, self._tiering)
         self._reads = Reads(config, self._st, signer, self._tiering)
         self._lock = threading.RLock()
@@ -117,9 +118,9 @@ class MetaStore:
             old = self._st.segments.get(info.segment_id)
             if old is not None and old.daemon_id != info.daemon_id:
                 log.warning("segment %s moves from daemon %s to %s", info.segment_id, old.daemon_id, info.daemon_id)
-                self._st.unmount(old)
+                self._forgets.unmount(old.segment_id)
             confirming = old is not None and not old.confirmed
-            self._st.segments.mount(info, self._clock.monotonic())
+            self._forgets.mount(info, self._clock.monotonic())
             if self._st.tracking:
                 self._st.changed_segments.add(info.segment_id)
             ticket = self._journaled()
@@ -131,8 +132,7 @@ class MetaStore:
     def unmount_segment(self, segment_id: str) -> int:
         """Forget a segment and every replica in it; returns how many replicas were dropped."""
         with self._lock:
-            seg = self._st.segments.get(segment_id)
-            dropped = 0 if seg is None else self._st.unmount(seg)
+            dropped = self._forgets.unmount(segment_id)
             ticket = self._journaled()
         self._journal.wait(ticket)
         return dropped
@@ -146,21 +146,21 @@ class MetaStore:
 
     def announce(self, segment_id: str, blocks: Sequence[Block]) -> list[KeyResult]:
         """Register blocks a restarted daemon found intact in a mounted persistent segment; keys
-        stored already are left as they are."""
+        stored already, and blocks dropped since the daemon journaled them (forgets.py), are not."""
         self._gate.check()
         for block in blocks:
             validate_key(block.key, internal=True)
         with self._lock:
-            results = self._writes.announce(segment_id, blocks)
+            results = self._forgets.announce(segment_id, blocks, self._writes.announce)
             ticket = self._journaled()
         self._journal.wait(ticket)
         return results
 
     def restore(
         self,
-        segments: Iterable[SegmentRecord],
-        objects: Iterable[tuple[str, ObjectRecord]],
-        pins: Iterable[tuple[str, float]],
+        segments: Iterable[SegmentRecord | Unreadable],
+        objects: Iterable[tuple[str, ObjectRecord] | Unreadable],
+        pins: Iterable[tuple[str, float] | Unreadable],
         tenants: dict[str, bytes] | None = None,
         first: bool = False,
     ) -> Restored:
@@ -314,14 +314,14 @@ class MetaStore:
         if not self._gate.is_open(self._clock.monotonic()):
             return []  # no space is handed out while changes cannot be kept
         with self._lock:
-            tasks = self._tiering.claim(daemon_id, max_bytes, self._clock.now())
+            tasks = self._forgets.claim(daemon_id, self._tiering.claim, max_bytes, self._clock.now())
             ticket = self._journaled()  # SSD room made by deleting blocks
         self._journal.wait(ticket)
         return tasks
 
     def complete_moves(self, daemon_id: str, results: Sequence[MoveOutcome]) -> None:
         with self._lock:
-            self._tiering.complete(daemon_id, results, self._clock.now())
+            self._tiering.complete(daemon_id, self._forgets.settle(daemon_id, results), self._clock.now())
             ticket = self._journaled()
         self._journal.wait(ticket)
 
@@ -346,9 +346,9 @@ class MetaStore:
             now, mono = self._clock.now(), self._clock.monotonic()
             upkeep.expire(self._st, self._tiering, self.config, now)
             self.regions.regions.expire(now)
-            upkeep.drop_silent(self._st, self.config, mono)
+            upkeep.drop_silent(self._st, self.config, mono, self._forgets.unmount)
             if self._gate.reconcile_due(mono):
-                upkeep.drop_unconfirmed(self._st, self.config)
+                upkeep.drop_unconfirmed(self._st, self.config, self._forgets.unmount)
             if self._gate.is_open(mono):
                 self._evict_to_watermark(now)
             ticket = self._journaled()

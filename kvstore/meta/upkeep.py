@@ -9,6 +9,7 @@ watermarks.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from kvstore.config import MetaConfig
 from kvstore.meta import quotas
@@ -31,8 +32,9 @@ def expire(st: MetaState, tiering: Tiering, config: MetaConfig, now: float) -> N
     tiering.expire(now)
 
 
-def drop_silent(st: MetaState, config: MetaConfig, mono: float) -> None:
-    """Daemons that have not heartbeated within heartbeat_ttl_s (monotonic) lose their segments."""
+def drop_silent(st: MetaState, config: MetaConfig, mono: float, unmount: Callable[[str], int]) -> None:
+    """Daemons that have not heartbeated within heartbeat_ttl_s (monotonic) lose their segments
+    (unmount: SsdForgets.unmount, so a persistent one's replicas are dropped, not deleted)."""
     for daemon in st.segments.silent_daemons(mono, config.heartbeat_ttl_s):
         log.warning(
             "daemon %s silent for %.1f s: dropping its %d segments",
@@ -41,12 +43,10 @@ def drop_silent(st: MetaState, config: MetaConfig, mono: float) -> None:
             len(daemon.segment_ids),
         )
         for segment_id in list(daemon.segment_ids):
-            seg = st.segments.get(segment_id)
-            if seg is not None:
-                st.unmount(seg)
+            unmount(segment_id)
 
 
-def drop_unconfirmed(st: MetaState, config: MetaConfig) -> None:
+def drop_unconfirmed(st: MetaState, config: MetaConfig, unmount: Callable[[str], int]) -> None:
     """The reconcile window after a takeover closed: segments no daemon mounted again go."""
     for seg in st.segments.unconfirmed():
         log.warning(
@@ -55,7 +55,7 @@ def drop_unconfirmed(st: MetaState, config: MetaConfig) -> None:
             seg.daemon_id,
             config.heartbeat_ttl_s,
         )
-        st.unmount(seg)
+        unmount(seg.segment_id)
 
 
 def evict_to_watermarks(

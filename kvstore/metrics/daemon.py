@@ -1,4 +1,4 @@
-"""A storage daemon's metrics, served on its own HTTP port (`DaemonConfig.metrics_port`).
+"""A storage daemon's metrics, served on its own HTTP port (`DaemonConfig.metrics_host`, `metrics_port`).
 
 The transports report each request they serve (TransferObserver: bytes, requests and latency per
 transport, direction and size class), the grant checker each refusal, the SSD tier its reads,
@@ -147,7 +147,8 @@ class DaemonMetrics:
             "GET", "/metrics", lambda query, body: Response(200, PROMETHEUS_TEXT, generate_latest(self.registry))
         )
         if test_hooks:
-            admin.route("POST", "/test/throttle", self._set_throttle)
+            # Tests only (test_hooks): a daemon knows no operator token to guard it with.
+            admin.route("POST", "/test/throttle", self._set_throttle, guarded=False)
 
     def _set_throttle(self, query: dict[str, list[str]], body: bytes) -> Response:
         try:

@@ -28,6 +28,7 @@ from kvstore.types import Tier
 log = logging.getLogger("kvstore.meta.events")
 _FETCH_TIMEOUT_S = 1.0
 _MAX_EVENTS = 200
+MAX_ROUTERS = 64  # each is fetched every sample
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ class History:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"router url {url!r} must start with http:// or https://")
         with self._lock:
+            if url.rstrip("/") not in self.routers and len(self.routers) >= MAX_ROUTERS:
+                raise ValueError(f"already {MAX_ROUTERS} routers registered")
             self.routers[url.rstrip("/")] = None
 
     def samples(self) -> list[Sample]:

@@ -88,11 +88,14 @@ class Sendable(Protocol):
 
 @runtime_checkable
 class Persistent(Protocol):
-    """A segment whose bytes outlive the daemon: kept on a clean stop, journaled, and recovered
-    (checksum-verified) at the next start."""
+    """A segment whose bytes outlive the daemon: kept on a clean stop, journaled (what lives where,
+    and what the metadata service deleted), and recovered (checksum-verified) at the next start."""
 
     def record_many(self, records: Iterable[Block]) -> None:
         """Journal that each block's key lives at its range, once its bytes are durable."""
+
+    def forget_many(self, blocks: Iterable[Block]) -> None:
+        """Journal that each block (key, offset, checksum) lives here no more."""
 
     def recover(self) -> RecoveryReport:
         """The journaled blocks that are still intact."""

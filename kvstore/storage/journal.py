@@ -1,11 +1,17 @@
-"""The SSD tier's journal: an append-only file of "key lives at [offset, +size) with checksum".
+"""The SSD tier's journal: an append-only file of "key lives at [offset, +size) with checksum", and
+of "key no longer lives at offset" (a deletion: a record of size 0, which no block has).
 
-A record is appended only after its block's bytes are durable, so every record names bytes that
-were on disk when it was written. On-disk format (little endian)::
+A block's record is appended only after its bytes are durable, so every record names bytes that
+were on disk when it was written. A deletion is appended when the metadata service says it no
+longer holds that block there (removed, replaced, evicted, moved away, or put there by a move it
+abandoned), so a restart never offers it again. On-disk format (little endian)::
 
     file    = MAGIC record*
     record  = u32 payload_len · u64 xxh3_64(payload) · payload
     payload = u64 offset · u64 size · u64 checksum · key (UTF-8, payload_len - 24 bytes)
+
+(A daemon from before deletions existed reads a deletion as an empty block that fails its checksum,
+and drops it: mixing versions never brings a deleted block back.)
 
 A crash can leave a torn last record; reading stops at the first record that is short or fails
 its hash, and opening the journal cuts that tail off (with a warning) so later appends follow the
@@ -34,7 +40,12 @@ _BODY = struct.Struct("<QQQ")
 _MAX_PAYLOAD = _BODY.size + 4 * 1024  # keys are at most 1024 UTF-8 bytes; anything longer is garbage
 
 
-JournalRecord = Block  # which key lives where in the segment, and its checksum
+JournalRecord = Block  # which key lives where in the segment, and its checksum; size 0: a deletion
+
+
+def deletion(block: Block) -> JournalRecord:
+    """The record that `block` (key, offset, checksum) no longer lives in the segment."""
+    return JournalRecord(block.key, block.offset, 0, block.checksum)
 
 
 def encode(record: JournalRecord) -> bytes:
@@ -141,10 +152,12 @@ class Journal:
 
 
 def live_records(records: Iterable[JournalRecord], alignment: int) -> list[JournalRecord]:
-    """Replay `records` (oldest first) and return the survivors sorted by offset.
+    """Replay `records` (oldest first) and return the surviving blocks sorted by offset.
 
-    A record supersedes every earlier record whose reserved pages overlap its own (the space was
-    freed and reused) and any earlier record of the same key (the key was written again).
+    A block's record supersedes every earlier record whose reserved pages overlap its own (the
+    space was freed and reused) and any earlier record of the same key (the key was written
+    again). A deletion ends the live block of its key if that block is at its offset with its
+    checksum (an older deletion, delivered late, never ends a newer block elsewhere).
     Invariant: live ranges never overlap, so in offset order their ends are sorted too.
     """
 
@@ -155,6 +168,12 @@ def live_records(records: Iterable[JournalRecord], alignment: int) -> list[Journ
     live: dict[int, JournalRecord] = {}
     offset_of: dict[str, int] = {}
     for r in records:
+        if r.size == 0:
+            at = offset_of.get(r.key)
+            if at == r.offset and live[at].checksum == r.checksum:
+                del offset_of[r.key], live[at]
+                starts.remove(at)
+            continue
         if r.key in offset_of:
             old = offset_of.pop(r.key)
             del live[old]

@@ -4,7 +4,8 @@ Files in the segment's directory, for segment number `index`:
 
     ssd-{index}.data     the bytes, preallocated to `capacity`
     ssd-{index}.id       the segment id, made once, so it survives daemon restarts
-    ssd-{index}.journal  which key lives where (kvstore.storage.journal), for recovery
+    ssd-{index}.journal  which key lives where, and which the service deleted
+                         (kvstore.storage.journal), for recovery
 
 Writes go through O_DIRECT (a page-aligned bounce buffer, tails zero-padded to 4096 inside the
 block's reserved pages: the allocator aligns SSD blocks to 4096 and reserves whole pages) and fall
@@ -35,7 +36,7 @@ from kvstore.checksum import checksum
 from kvstore.metrics.observe import SsdIoObserver
 from kvstore.results import Block
 from kvstore.storage.base import DroppedBlock, RecoveryReport, SegmentStorage
-from kvstore.storage.journal import Journal, JournalRecord, fsync_dir, live_records
+from kvstore.storage.journal import Journal, JournalRecord, deletion, fsync_dir, live_records
 from kvstore.types import Tier
 
 log = logging.getLogger(__name__)
@@ -241,16 +242,23 @@ class SsdSegment(SegmentStorage):
         if self.io is not None and since is not None:
             self.io.journal_lag(time.perf_counter() - since)
 
+    def forget_many(self, blocks: Iterable[Block]) -> None:
+        """Journal that each block (key, offset, checksum) no longer lives here: the metadata
+        service dropped it (removed, replaced, evicted, moved away) or never took it (an abandoned
+        move). Durable when this returns; recover() never returns such a block again."""
+        self._journal.append([deletion(b) for b in blocks])
+
     def recover(self) -> RecoveryReport:
         """Replay the journal: which blocks this segment still holds, verified by checksum.
 
         A later record supersedes earlier ones whose pages overlap it (the space was reused) or
-        that have the same key. Blocks whose bytes fail their checksum are dropped (and logged),
-        never returned. Then the journal is compacted to the survivors.
+        that have the same key, and a deletion ends the block it names. Blocks whose bytes fail
+        their checksum are dropped (and logged), never returned. Then the journal is compacted to
+        the survivors.
 
-        Deletions are not journaled (the metadata service frees space without telling the daemon),
-        so a block deleted before a restart comes back here unless its space was rewritten. That
-        is harmless: keys are content addressed, so a resurrected block holds the right bytes.
+        A block the service dropped shortly before a crash may still be returned (its deletion is
+        journaled when the daemon next claims its tasks): the service refuses such a block when
+        it is re-announced, and has it deleted then.
         Safe while the daemon serves: records made during recovery are kept (not verified).
         """
         blocks: list[Block] = []

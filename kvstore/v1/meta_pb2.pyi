@@ -126,6 +126,10 @@ class _MoveKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MoveKind.Val
     MOVE_PROMOTE: _MoveKind.ValueType  # 2
     MOVE_REPLICATE: _MoveKind.ValueType  # 3
     """copy from another daemon's replica (source, source_segment) into dst"""
+    MOVE_FORGET: _MoveKind.ValueType  # 4
+    """No bytes move: the persistent segment dst_segment_id no longer holds key (with checksum) at
+    dst_offset. The daemon journals that, so a restart never offers the block again.
+    """
 
 class MoveKind(_MoveKind, metaclass=_MoveKindEnumTypeWrapper):
     """Tier moves are executed by the daemon that holds both ends: it claims tasks, copies the bytes
@@ -137,6 +141,10 @@ MOVE_DEMOTE: MoveKind.ValueType  # 1
 MOVE_PROMOTE: MoveKind.ValueType  # 2
 MOVE_REPLICATE: MoveKind.ValueType  # 3
 """copy from another daemon's replica (source, source_segment) into dst"""
+MOVE_FORGET: MoveKind.ValueType  # 4
+"""No bytes move: the persistent segment dst_segment_id no longer holds key (with checksum) at
+dst_offset. The daemon journals that, so a restart never offers the block again.
+"""
 Global___MoveKind: _TypeAlias = MoveKind  # noqa: Y015
 
 class _KeyState:

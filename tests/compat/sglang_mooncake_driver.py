@@ -160,9 +160,10 @@ def main(role: str, meta: str) -> dict:
 
     out: dict = {"stood_in": STOOD_IN, "mooncake_store_module": mooncake.store.MooncakeDistributedStore.__module__,
                  "backend_class": f"{MooncakeStore.__module__}.{MooncakeStore.__name__}"}
+    stores = {}
     for name, pool_cls, mla, seed in [("mha", MHAPageFirstPool, False, 1), ("mla", MLALayerFirstPool, True, 2)]:
         pool = pool_cls()
-        store = backend(meta, pool, mla)
+        store = stores[name] = backend(meta, pool, mla)
         out[f"{name}_type"] = type(store).__name__
         everything = torch.arange(0, TOKENS)
         if role == "write":
@@ -177,7 +178,10 @@ def main(role: str, meta: str) -> dict:
             # both layouts keep tokens on dimension 1
             out[f"{name}_identical"] = torch.equal(pool.kv_buffer[:, :3 * PAGE], expected[:, :3 * PAGE])
             out[f"{name}_miss_untouched"] = not pool.kv_buffer[:, 3 * PAGE:].any()
-            store.clear()                       # SGLang's clear(): remove_all
+    if role == "read":  # once both layouts were read: SGLang's clear() is remove_all, every key of the store
+        for store in stores.values():  # but those another client still reads (each clear hands its own reads back)
+            store.clear()
+        for name, store in stores.items():
             out[f"{name}_exists_after_clear"] = store.batch_exists(KEYS)
     return out
 

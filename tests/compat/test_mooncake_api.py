@@ -137,13 +137,17 @@ def test_default_tenant_keys_are_kvstore_keys_and_other_tenants_are_apart(kvstor
         s.close()
 
 
-def test_remove_all_reaches_the_keys_this_store_wrote(kvstore_meta):
-    a, other = _store(kvstore_meta), _store(kvstore_meta)
+def test_remove_all_reaches_every_key_of_its_namespace(kvstore_meta):
+    a, other = _store(kvstore_meta, tenant_id="ra"), _store(kvstore_meta, tenant_id="ra")
+    apart = _store(kvstore_meta, tenant_id="ra-apart")
     assert a.put_batch(["ra/1", "ra/2"], [b"1", b"2"]) == 0 and other.put("ra/3", b"3") == 0
+    assert apart.put("ra/1", b"elsewhere") == 0
     assert a.remove("ra/1") == 0
-    assert a.remove_all() == 1 and a.batch_is_exist(["ra/1", "ra/2", "ra/3"]) == [0, 0, 1]
-    assert a.remove_all() == 0 and other.remove_by_regex("^ra/") == 1
-    a.close(), other.close()
+    assert other.remove_by_regex("^ra/[3-9]") == 1 and a.batch_is_exist(["ra/2", "ra/3"]) == [1, 0]
+    assert other.put("ra/4", b"4") == 0
+    assert a.remove_all() == 2 and a.batch_is_exist(["ra/1", "ra/2", "ra/3", "ra/4"]) == [0, 0, 0, 0]
+    assert a.remove_all() == 0 and apart.get("ra/1") == b"elsewhere"   # another namespace's keys stay
+    a.close(), other.close(), apart.close()
 
 
 # -- ReplicateConfig -------------------------------------------------------------------------------

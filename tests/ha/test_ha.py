@@ -79,7 +79,10 @@ class PutStream:
 
 
 def invariants(admin: str) -> dict:
-    with urllib.request.urlopen(f"http://{admin}/debug/invariants", timeout=10) as r:
+    """/debug/invariants, the operator's call (an O(N) walk under the store's lock)."""
+    request = urllib.request.Request(f"http://{admin}/debug/invariants",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as r:
         return json.loads(r.read())
 
 

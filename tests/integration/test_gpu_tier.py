@@ -54,6 +54,15 @@ def tier_stats(client):
     return {t.tier: t for t in client.stats().tiers}
 
 
+def settled(client, keys) -> bool:
+    """No tier move of `keys` in flight, and every tier at or below the high watermark: nothing is
+    left to demote, nor to evict from the bottom tier (the service's tick does that, down to the
+    low watermark, so it may land a tick after the GPU got below its own)."""
+    if any(info.moving for info in client.describe(keys)):
+        return False
+    return all(t.used <= 0.8 * t.capacity for t in tier_stats(client).values())
+
+
 def block(seed: int, size: int = MIB) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
 
@@ -115,7 +124,11 @@ def test_eviction_past_the_watermark_when_dram_is_full(cluster, gpu_env, device)
     with client_for(address, device) as c:
         for i, k in enumerate(keys):
             c.put(k, tensor_on(device, block(i, MIB // 2)))
-        wait_until(lambda: tier_stats(c)[Tier.GPU].used <= 0.8 * 8 * MIB, what="the GPU below its watermark")
+            # A block is never evicted while it moves: were puts to outrun the mover, the oldest
+            # could be on its way down to DRAM when the service evicts there (it takes newer blocks
+            # then), and land once DRAM is back below its watermark, to stay. Each put waits for
+            # the tiers to settle, so every eviction finds the oldest blocks where they rest.
+            wait_until(lambda: settled(c, keys), what="the GPU and DRAM below their watermarks, no move in flight")
         stats = c.stats()
         assert stats.evictions > 0 and stats.keys + stats.evictions == 24
         outs = [tensor_on(device, np.zeros(MIB // 2, np.uint8)) for _ in keys]

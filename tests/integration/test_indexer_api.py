@@ -15,7 +15,7 @@ from kvstore import blockhash
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.engines.keys import KeyScheme
-from tests.cluster import wait_until
+from tests.cluster import ADMIN_TOKEN, wait_until
 
 ENV = {"KVSTORE_META_ADMIN_PORT": "0", "KVSTORE_LOG_LEVEL": "INFO"}
 SCHEME = KeyScheme(model="tiny", layout="f32-2p", block_size=4)
@@ -26,10 +26,12 @@ def admin_of(proc) -> str:
     return "http://" + re.search(r"admin \(HTTP\) on (\S+)", "".join(proc.lines)).group(1)
 
 
-def post(url: str, body) -> tuple[int, dict]:
+def post(url: str, body, token: str | None = None) -> tuple[int, dict]:
+    """POST `body`; `token` (for the operator's calls: /register, /unregister) as a bearer token."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data, method="POST"), timeout=10) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers, method="POST"), timeout=10) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -86,7 +88,7 @@ def test_a_registered_vllm_publisher_is_indexed_by_its_instance(service):
         "dp_rank": 1,
     }
     try:
-        assert post(f"{admin}/register", registration) == (
+        assert post(f"{admin}/register", registration, ADMIN_TOKEN) == (
             200,
             {"status": "registered successfully", "instance_id": "decode-0"},
         )
@@ -118,12 +120,12 @@ def test_a_registered_vllm_publisher_is_indexed_by_its_instance(service):
         assert answer == {
             "default": {"decode-0": {"longest_matched": 12, "GPU": 12, "CPU": 0, "DISK": 0, "DP": {"1": 12}}}
         }
-        assert post(f"{admin}/unregister", {"instance_id": "decode-0", "tenant_id": "default"}) == (
+        assert post(f"{admin}/unregister", {"instance_id": "decode-0", "tenant_id": "default"}, ADMIN_TOKEN) == (
             200,
             {"status": "unregistered successfully", "removed_instances": ["decode-0|default|1"]},
         )
         assert "decode-0" not in post(f"{admin}/query", query)[1]["default"]
-        assert post(f"{admin}/unregister", {"instance_id": "decode-0"})[0] == 404
+        assert post(f"{admin}/unregister", {"instance_id": "decode-0"}, ADMIN_TOKEN)[0] == 404
     finally:
         publisher.shutdown()
 
@@ -143,10 +145,10 @@ def test_bad_requests_are_refused_with_the_reason_and_the_service_keeps_serving(
         assert status == 400 and reason in answer["error"], (body, answer)
     assert post(f"{admin}/query_by_hash", {"model": "m", "block_size": 4, "seq_hashes": [-1]})[0] == 400
     status, answer = post(f"{admin}/register", {"endpoint": "nonsense", "instance_id": "x", "modelname": "m",
-                                                "block_size": 4})
+                                                "block_size": 4}, ADMIN_TOKEN)
     assert status == 400 and "cannot subscribe" in answer["error"]
     status, answer = post(f"{admin}/register", {"endpoint": "tcp://127.0.0.1:1", "instance_id": "kvstore",
-                                                "modelname": "m", "block_size": 4})
+                                                "modelname": "m", "block_size": 4}, ADMIN_TOKEN)
     assert status == 400 and "store's own" in answer["error"]
     assert post(f"{admin}/nope", {})[0] == 404
     assert post(f"{admin}/query", {"model": "m", "token_ids": [1, 2, 3, 4], "block_size": 4})[0] == 200

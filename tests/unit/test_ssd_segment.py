@@ -277,7 +277,7 @@ def test_live_records_rules() -> None:
     r = JournalRecord
     assert live_records([r("a", 0, 100, 1), r("b", 4096, 1, 2)], 4096) == [r("a", 0, 100, 1), r("b", 4096, 1, 2)]
     # [0, 4096) reserves a whole page: a block at 0 of any size collides with it
-    assert live_records([r("a", 0, 1, 1), r("b", 0, 0, 2)], 4096) == [r("b", 0, 0, 2)]
+    assert live_records([r("a", 0, 1, 1), r("b", 0, 1, 2)], 4096) == [r("b", 0, 1, 2)]
     # one later record spanning several earlier ones removes them all
     earlier = [r(f"k{i}", i * 4096, 4096, i) for i in range(5)]
     assert live_records([*earlier, r("big", 4096, 3 * 4096, 9)], 4096) == [

@@ -1,15 +1,13 @@
-"""Mooncake keys as kvstore keys: the tenant namespace, and the keys a store instance wrote.
+"""Mooncake keys as kvstore keys: the tenant namespace.
 
 The default tenant's keys are kvstore keys unchanged, so a Mooncake-API client and a native
 kvstore client (or engine shim) that use the same key see the same block. Another tenant's keys
 live under `mooncake-tenant/<tenant>/`. This is a naming convention, not isolation: kvstore's
 tenants (authenticated, enforced by the service) are configured on the client SDK, not here.
+Nothing here remembers keys: the keys of a namespace are listed from the store when asked.
 """
 
 from __future__ import annotations
-
-import threading
-from collections.abc import Iterable, Sequence
 
 from kvstore.types import MAX_KEY_BYTES
 
@@ -28,6 +26,11 @@ class KeyNamespace:
     def from_store(self, key: str) -> str:
         return key[len(self.prefix) :]
 
+    def owns(self, store_key: str) -> bool:
+        """Whether a key the store lists under `prefix` is this namespace's: the default tenant's
+        namespace holds every key but other tenants' (under TENANT_PREFIX)."""
+        return store_key.startswith(self.prefix) and (bool(self.prefix) or not store_key.startswith(TENANT_PREFIX))
+
     def storable(self, key: object) -> bool:
         """Whether kvstore can hold this key at all (1..1024 UTF-8 bytes once prefixed). A key it
         cannot hold is never stored: reads of it miss, writes of it are INVALID_PARAMS."""
@@ -37,26 +40,3 @@ class KeyNamespace:
             return len((self.prefix + key).encode("utf-8")) <= MAX_KEY_BYTES
         except UnicodeEncodeError:
             return False
-
-
-class WrittenKeys:
-    """The kvstore keys this store instance has written and not removed: what remove_all and
-    remove_by_regex can reach, since kvstore's client cannot list the store's keys. Thread safe;
-    grows with the keys written (about 100 bytes a key)."""
-
-    def __init__(self) -> None:
-        self._keys: dict[str, None] = {}  # insertion ordered
-        self._lock = threading.Lock()
-
-    def add(self, keys: Iterable[str]) -> None:
-        with self._lock:
-            self._keys.update((k, None) for k in keys)
-
-    def discard(self, keys: Iterable[str]) -> None:
-        with self._lock:
-            for k in keys:
-                self._keys.pop(k, None)
-
-    def snapshot(self) -> Sequence[str]:
-        with self._lock:
-            return list(self._keys)

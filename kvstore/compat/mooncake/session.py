@@ -9,29 +9,30 @@ OBJECT_NOT_FOUND, never an exception.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvstore.client import KeyBusy, KVClient, KVStoreError
 from kvstore.compat.mooncake.codes import ErrorCode, code_for
-from kvstore.compat.mooncake.keys import KeyNamespace, WrittenKeys
+from kvstore.compat.mooncake.keys import KeyNamespace
 from kvstore.compat.mooncake.memory import RegisteredMemory
 from kvstore.compat.mooncake.replicate import ReplicateConfig, pin_ttl_s, refusal
-from kvstore.errors import ErrorCode as KVCode
+from kvstore.results import KeyState
 
 log = logging.getLogger(__name__)
 OK, NOT_FOUND, INVALID = int(ErrorCode.OK), int(ErrorCode.OBJECT_NOT_FOUND), int(ErrorCode.INVALID_PARAMS)
+PAGE = 1000  # keys listed (and removed) per step of remove_all / remove_by_regex
 
 
 class Session:
-    """What `setup` builds and `close` ends: one KVClient, the key namespace, the registered memory
-    and the keys written through it. Thread safe (KVClient is)."""
+    """What `setup` builds and `close` ends: one KVClient, the key namespace and the registered
+    memory; no per-key state (keys are listed from the store when a call needs them). Thread safe
+    (KVClient is)."""
 
     def __init__(self, client: KVClient, namespace: KeyNamespace, hostname: str) -> None:
         self.client = client
         self.namespace = namespace
         self.hostname = hostname
         self.memory = RegisteredMemory()
-        self.written = WrittenKeys()
 
     def close(self) -> None:
         self.client.close()
@@ -63,10 +64,9 @@ class Session:
         views = [values[i] for i in first.values()]
         replica_num = config.replica_num if config is not None else None
         try:
-            written = self.client.put_many(store_keys, views, replica_num=replica_num)
+            self.client.put_many(store_keys, views, replica_num=replica_num)
             for i in first.values():
                 out[i] = OK
-            self.written.add(k for k, w in zip(store_keys, written) if w)
         except KVStoreError as exc:
             self._after_failed_put(store_keys, list(first.values()), exc, out)
         self._pin(store_keys, [out[i] for i in first.values()], config)
@@ -83,7 +83,6 @@ class Session:
             stored = [False] * len(store_keys)
         for i, here in zip(idxs, stored):
             out[i] = OK if here else failed
-        self.written.add(k for k, here in zip(store_keys, stored) if here)
 
     def _pin(self, store_keys: list[str], results: list[int], config: ReplicateConfig | None) -> None:
         ttl = pin_ttl_s(config)
@@ -122,8 +121,24 @@ class Session:
             return out
         for i, err in zip(idxs, errors):
             out[i] = OK if err is None else code_for(err, removing=True)
-        self.written.discard(k for k, err in zip(store_keys, errors) if err is None or err.code == KVCode.KEY_NOT_FOUND)
         return out
+
+    def remove_where(self, match: Callable[[str], bool], force: bool) -> int:
+        """Remove every key of the namespace that the store holds and `match` (given the Mooncake
+        key) takes, a listed page at a time; the number removed, or the code of a call that
+        failed. Keys being read stay unless `force`."""
+        namespace, removed, cursor = self.namespace, 0, ""
+        try:
+            while True:
+                page = self.client.list_keys(namespace.prefix, PAGE, cursor)
+                keys = [k for k in page.keys if namespace.owns(k) and match(namespace.from_store(k))]
+                if keys:
+                    removed += sum(1 for err in self.client.remove_many(keys, force=force) if err is None)
+                if not page.next_cursor:
+                    return removed
+                cursor = page.next_cursor
+        except KVStoreError as exc:
+            return code_for(exc, removing=True)
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -140,6 +155,19 @@ class Session:
         for i, here in zip(idxs, found):
             out[i] = 1 if here else 0
         return out
+
+    def size(self, key: str) -> int:
+        """The value's size from the service's record (no value byte moves), OBJECT_NOT_FOUND, or
+        REPLICA_IS_NOT_READY while it is being written."""
+        if not self.namespace.storable(key):
+            return NOT_FOUND
+        try:
+            [info] = self.client.describe([self.namespace.to_store(key)])
+        except KVStoreError as exc:
+            return code_for(exc)
+        if info.state is KeyState.COMPLETE:
+            return info.size
+        return int(ErrorCode.REPLICA_IS_NOT_READY) if info.state is KeyState.PENDING else NOT_FOUND
 
     def get_into(self, keys: Sequence[str], views: Sequence[memoryview | None]) -> list[int]:
         """Read each key into its view; per key the byte count, or INVALID_PARAMS (no usable view,

@@ -138,13 +138,12 @@ class MooncakeDistributedStore(ZeroCopyCalls, UpsertCalls, UnsupportedCalls):
         return [BufferHandle(v) if isinstance(v, bytes) else None for v in self._session.get(keys)]
 
     def get_size(self, key: str) -> int:
-        """The value's size in bytes, or OBJECT_NOT_FOUND (...). It reads the value: kvstore's
-        client has no size query yet."""
+        """The value's size in bytes, or OBJECT_NOT_FOUND (...), from the service's record: no
+        value byte is read."""
         checks.key(key)
         if self._session is None:
             return INVALID
-        value = self._session.get([key])[0]
-        return len(value) if isinstance(value, bytes) else value
+        return self._session.size(key)
 
     # -- keys ------------------------------------------------------------------------------------
 
@@ -169,32 +168,20 @@ class MooncakeDistributedStore(ZeroCopyCalls, UpsertCalls, UnsupportedCalls):
         return self._session.remove(keys, bool(force))
 
     def remove_all(self, force: bool = False) -> int:
-        """Remove the keys this store instance wrote (kvstore's client cannot list the store's
-        keys); the number removed. Keys being read stay unless `force`."""
+        """Remove every key of this store's namespace (tenant_id) that the store holds, whoever
+        wrote it, as Mooncake removes every key of its cluster; the number removed. Keys being
+        read stay unless `force`."""
         if self._session is None:
             return INVALID
-        return self._remove_written(lambda key: True, bool(force))
+        return self._session.remove_where(lambda key: True, bool(force))
 
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
-        """Remove the keys this store instance wrote that the pattern finds (re.search, as
-        Mooncake's std::regex_search); the number removed, INVALID_PARAMS for a bad pattern."""
+        """As remove_all, over the keys the pattern finds (re.search, as Mooncake's
+        std::regex_search); the number removed, INVALID_PARAMS for a bad pattern."""
         if self._session is None:
             return INVALID
         try:
             pattern = re.compile(regex_pattern)
         except (re.error, TypeError):
             return INVALID
-        return self._remove_written(lambda key: pattern.search(key) is not None, bool(force))
-
-    def _remove_written(self, match: Any, force: bool) -> int:
-        session = self._session
-        assert session is not None
-        namespace = session.namespace
-        keys = [namespace.from_store(k) for k in session.written.snapshot()]
-        keys = [k for k in keys if match(k)]
-        if not keys:
-            return 0
-        results = session.remove(keys, force)
-        if all(r < 0 and r not in (ErrorCode.OBJECT_NOT_FOUND, ErrorCode.OBJECT_HAS_LEASE) for r in results):
-            return results[0]  # the call itself failed (e.g. RPC_FAIL)
-        return sum(1 for r in results if r == 0)
+        return self._session.remove_where(lambda key: pattern.search(key) is not None, bool(force))
