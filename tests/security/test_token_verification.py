@@ -109,7 +109,9 @@ def answered(lane: Lane, name: str, request: Any) -> int:
 
 @pytest.fixture
 def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis").start()
+    # The tests kill -9 Redis right after a tenant's token is written: with appendfsync everysec a
+    # busy disk lets Redis postpone its AOF write up to 2 s, and the token is lost with the kill.
+    server = RedisServer(tmp_path / "redis", appendfsync="always").start()
     yield server
     server.stop()
 
