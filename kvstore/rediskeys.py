@@ -17,7 +17,7 @@ class Keys:
         self.meta, self.epoch, self.leader, self.members = (
             f"{tag}:{n}" for n in ("meta", "epoch", "leader", "members")
         )
-        self.obj, self.seg, self.pin, self.ten = (f"{tag}:{n}" for n in ("obj", "seg", "pin", "ten"))
+        self.obj, self.seg, self.pin, self.ten, self.hold = (f"{tag}:{n}" for n in ("obj", "seg", "pin", "ten", "hold"))
         # The cluster's shard map (shard count, epoch): under the cluster's own tag, shard 0's.
         self.shards = "{kvstore:" + cluster + "}:shards"
 

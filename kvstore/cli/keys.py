@@ -173,7 +173,7 @@ def _jsonable(value: Any) -> Any:
 
 def _show_stats(stats: StoreStats) -> None:
     if stats.role:  # on Redis: the election, Redis, and what a takeover left to reconcile
-        writes = "open" if stats.writes_open else "refused (Redis down, or earlier grants still live)"
+        writes = "open" if stats.writes_open else "refused (the journal on Redis is failing)"
         print(
             f"service {stats.role}, epoch {stats.epoch}, leader {stats.leader or 'none'}, standbys "
             f"{', '.join(stats.standbys) or 'none'}; redis {stats.redis or 'unknown'}; writes {writes}; "

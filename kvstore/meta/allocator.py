@@ -7,6 +7,7 @@ finding a block that fits is O(1): any block of a higher class is large enough).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -100,6 +101,37 @@ class OffsetAllocator:
         for c in taken:
             answers[c.order] = True
         return answers
+
+    def reserve_free_within(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Mark allocated whatever is free inside the (offset, size) ranges, however they overlap
+        each other or allocated space; returns the (offset, size) pieces taken. O((n + f) log f)
+        for n ranges and f free blocks: how a service taking over keeps its predecessor's holds."""
+        starts = sorted(self._free_at)
+        spans = sorted((o, min(o + self.aligned(max(s, 1)), self.capacity)) for o, s in ranges if o >= 0)
+        by_block: dict[int, list[tuple[int, int]]] = {}  # free block -> pieces of it taken, by offset
+        cursor = 0  # the ranges before cover everything below it
+        for lo, hi in spans:
+            lo = max(lo, cursor)
+            i = max(bisect.bisect_right(starts, lo) - 1, 0)
+            while i < len(starts) and starts[i] < hi:
+                block = starts[i]
+                a, b = max(lo, block), min(hi, block + self._free_at[block])
+                if a < b:
+                    by_block.setdefault(block, []).append((a, b))
+                i += 1
+            cursor = max(cursor, hi)
+        taken = []
+        for block, pieces in by_block.items():
+            at, end = block, block + self._remove(block)
+            for a, b in pieces:
+                if a > at:
+                    self._insert(at, a - at)
+                taken.append((a, b - a))
+                self.used += b - a
+                at = b
+            if at < end:
+                self._insert(at, end - at)
+        return taken
 
     def free(self, offset: int, size: int) -> None:
         """Return a block given by allocate(size); merges with free neighbours."""

@@ -138,15 +138,17 @@ class Replicated:
             records.load_pins(),
             records.load_tenants(),
             first=epoch == 1,  # no leader before this one: no grant of another to wait out
+            holds=records.load_holds(),
         )
         log.warning(
-            "epoch %d: loaded %d segments and %d objects (%d replicas, %d objects dropped); reads open, writes in "
-            "%.1f s",
+            "epoch %d: loaded %d segments and %d objects (%d replicas, %d objects dropped); reads and writes open; "
+            "%d bytes the old leader held come back in %.1f s",
             epoch,
             report.segments,
             report.objects,
             report.replicas_dropped,
             report.objects_dropped,
+            report.held,
             store.takeover_wait_s(),
         )
         with self._lock:
@@ -163,8 +165,9 @@ class Replicated:
     def _grant_ceiling(self) -> float:
         """The latest expiry (wall-clock seconds, as daemons check grants) a grant signed now may
         carry: the lease's end plus the longest grant lifetime. A successor is elected no sooner
-        than this lease's end and opens for writes a grant lifetime (plus the grace) later, so no
-        grant of this leader, even one signed by a call that stalled past the lease, outlives it."""
+        than this lease's end and hands out space this leader held, or frees, only a grant lifetime
+        (plus the grace) later, so no grant of this leader, even one signed by a call that stalled
+        past the lease, reaches space handed to another key."""
         return self.leadership.lease_end() + max(self.config.lease_ttl_s, self.config.write_grant_ttl_s)
 
     def _leader_store(self, writes: bool) -> MetaStore:
@@ -190,7 +193,7 @@ class Replicated:
 
     def for_writes(self) -> MetaStore:
         store = self._leader_store(writes=True)
-        if store.journal_failed() and not self.leadership.redis_error:
+        if not store.writes_open() and not self.leadership.redis_error:  # its journal failed
             try:
                 self._rebuild(store)  # Redis is back: start again from what it holds
             except Exception as exc:  # it was not back after all (the election had not seen it yet)

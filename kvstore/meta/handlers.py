@@ -63,7 +63,7 @@ class CallObserver(Protocol):
 
 class MetaHandlers:
     """`stores` says which MetaStore answers: reads (nothing durable changes) may be served where
-    writes are not (a leader without Redis, a leader still waiting out earlier grants). `observer`
+    writes are not (a leader whose Redis fails). `observer`
     (kvstore.metrics.service.ServiceMetrics, when metrics are on) sees every call of both lanes."""
 
     def __init__(

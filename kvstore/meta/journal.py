@@ -29,9 +29,10 @@ class Changes:
     segments: dict[str, bytes | None] = field(default_factory=dict)
     pins: dict[str, bytes | None] = field(default_factory=dict)
     tenants: dict[str, bytes | None] = field(default_factory=dict)
+    holds: dict[str, bytes | None] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.objects or self.segments or self.pins or self.tenants)
+        return bool(self.objects or self.segments or self.pins or self.tenants or self.holds)
 
     def merge(self, later: Changes) -> None:
         """Fold a later batch in: for a record changed in both, the later state wins."""
@@ -39,6 +40,7 @@ class Changes:
         self.segments.update(later.segments)
         self.pins.update(later.pins)
         self.tenants.update(later.tenants)
+        self.holds.update(later.holds)
 
 
 class Journal(Protocol):

@@ -36,7 +36,7 @@ class Unreadable(NamedTuple):
     """A record a load could not decode, in place of the record: a restore skips it, logs it and
     counts it (one bad record must not keep every service from leading)."""
 
-    table: str  # "obj", "seg", "pin" or "ten"
+    table: str  # "obj", "seg", "pin", "ten" or "hold"
     key: str  # the record's field, undecodable bytes escaped
     why: str
 

@@ -7,7 +7,10 @@ window are dropped with their replicas (MetaStore.tick). Each object's ranges ar
 its segments' allocators, so space the journal says is used is never handed out; a record
 naming a segment that is gone, or a range that another record claims, loses that replica (and
 the object, with its last one). Pins come back with their deadline; leases, puts in progress
-and LRU order do not.
+and LRU order do not. Whatever the predecessor held outside its objects (holds.py: puts in
+progress, regions, moves' destinations, quarantined space) and no object took is reserved and
+quarantined until `hold_until`, when no grant the predecessor signed can reach it any more; the
+rest of the free space can be handed out at once.
 
 A record that cannot be read (it does not decode, names no valid tenant, or a segment no daemon
 could have mounted) is skipped, logged and counted (`Restored.unreadable`), never raised: one bad
@@ -22,8 +25,9 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from kvstore.errors import InvalidArgument
+from kvstore.meta.holds import HoldRecord
 from kvstore.meta.records import ObjectRecord, SegmentRecord, Unreadable
-from kvstore.meta.segments import unpack_location
+from kvstore.meta.segments import pack_location, unpack_location
 from kvstore.meta.state import MetaState
 from kvstore.meta.tenants import Tenant, check_name
 
@@ -37,6 +41,7 @@ class Restored(NamedTuple):
     replicas_dropped: int  # records naming a missing segment or a range taken twice
     objects_dropped: int
     unreadable: int = 0  # records skipped because they could not be read (each logged)
+    held: int = 0  # bytes the predecessor held outside its objects, quarantined until its grants expire
 
 
 class _Skipped:
@@ -59,6 +64,8 @@ def restore(
     tenants: dict[str, bytes],
     now: float,
     mono: float,
+    holds: Iterable[HoldRecord | Unreadable] = (),
+    hold_until: float = 0.0,
 ) -> Restored:
     skipped = _Skipped()
     for name, data in tenants.items():
@@ -117,6 +124,7 @@ def restore(
         if len(locations) < len(record.locations):
             st.changed_keys.add(key)
         kept += 1
+    held = _keep_holds(st, holds, hold_until, skipped)
     for pin in pins:
         if isinstance(pin, Unreadable):
             skipped.skip(pin)
@@ -126,4 +134,26 @@ def restore(
         log.warning("restore: %d replicas named a missing segment or a range taken twice; dropped", replicas_dropped)
     if skipped.count:
         log.error("restore: %d unreadable records skipped (the first %d named above)", skipped.count, _NAMED)
-    return Restored(n_segments, kept, replicas_dropped, objects_dropped, skipped.count)
+    return Restored(n_segments, kept, replicas_dropped, objects_dropped, skipped.count, held)
+
+
+def _keep_holds(st: MetaState, holds: Iterable[HoldRecord | Unreadable], until: float, skipped: _Skipped) -> int:
+    """Reserve the free space inside the predecessor's holds (after the objects took theirs) and
+    quarantine it until `until`; the records are rewritten as this store's holds. Returns bytes."""
+    spans: dict[int, list[tuple[int, int]]] = {}  # segment number -> (offset, size) held
+    for hold in holds:
+        if isinstance(hold, Unreadable):
+            skipped.skip(hold)
+            continue
+        st.segments.holds.replaced(hold)
+        number, offset = unpack_location(hold.location)
+        if st.segments.has_number(number):
+            spans.setdefault(number, []).append((offset, hold.size))
+    total = 0
+    for number, ranges in spans.items():
+        for offset, size in st.segments.by_number(number).allocator.reserve_free_within(ranges):
+            location = pack_location(number, offset)
+            st.segments.holds.hold(location, size)
+            st.quarantine.hold((location,), size, {}, until)
+            total += size
+    return total

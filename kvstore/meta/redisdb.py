@@ -12,6 +12,7 @@ check the writer's epoch and apply its whole batch atomically.
     {kvstore:CLUSTER}:pin      hash: key -> pin deadline
     {kvstore:CLUSTER}:ten      hash: tenant name -> tenant record (kvstore.meta.tenants: ids,
                                quotas, SHA-256 of its tokens)
+    {kvstore:CLUSTER}:hold     hash: location -> bytes held there outside any object (holds.py)
 
 A write is refused whole (FENCED) unless its epoch is the current one and the leader key holds
 the writer's lease token (random for every acquisition): a deposed or paused leader can never
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from kvstore.errors import InvalidArgument, Unavailable
+from kvstore.meta.holds import HoldRecord, decode_hold
 from kvstore.meta.journal import Changes
 from kvstore.meta.records import ObjectRecord, SegmentRecord, Unreadable, decode_object, decode_pin, decode_segment
 from kvstore.rediskeys import Keys, connect
@@ -43,12 +45,12 @@ end
 if redis.call('HGET', KEYS[6], 'token') ~= ARGV[2] then
   return redis.error_reply('FENCED: the writer does not hold the leader lease')
 end
-local tables = {o = KEYS[2], s = KEYS[3], p = KEYS[4], t = KEYS[5]}
+local tables = {o = KEYS[2], s = KEYS[3], p = KEYS[4], t = KEYS[5], h = KEYS[7]}
 local i = 3
 while i <= #ARGV do
   local op = ARGV[i]
   local key = tables[string.lower(op)]
-  if op == 'o' or op == 's' or op == 'p' or op == 't' then
+  if op == 'o' or op == 's' or op == 'p' or op == 't' or op == 'h' then
     redis.call('HSET', key, ARGV[i + 1], ARGV[i + 2])
     i = i + 3
   else
@@ -101,6 +103,9 @@ class RedisRecords:
         that is not UTF-8 comes escaped, and is refused there as no tenant's name."""
         return {k.decode("utf-8", "backslashreplace"): v for k, v in self._scan(self.keys.ten)}
 
+    def load_holds(self) -> list[HoldRecord | Unreadable]:
+        return [_decoded("hold", k, v, decode_hold) for k, v in self._scan(self.keys.hold)]
+
     def _scan(self, key: str) -> Iterator[tuple[bytes, bytes]]:
         cursor = 0
         while True:
@@ -113,11 +118,18 @@ class RedisRecords:
         """write(changes) for a journal: one script call fenced by `epoch` and the lease `token`
         (plus WAIT for replicas, with durability "replicas:N"), raising on FENCED or on Redis failing."""
         keys = [self.keys.epoch, self.keys.obj, self.keys.seg, self.keys.pin, self.keys.ten, self.keys.leader]
+        keys.append(self.keys.hold)
         replicas = int(self.durability.split(":", 1)[1]) if self.durability.startswith("replicas:") else 0
 
         def write(changes: Changes) -> None:
             args: list[Any] = [str(epoch), token]
-            tables = (("o", changes.objects), ("s", changes.segments), ("p", changes.pins), ("t", changes.tenants))
+            tables = (
+                ("o", changes.objects),
+                ("s", changes.segments),
+                ("p", changes.pins),
+                ("t", changes.tenants),
+                ("h", changes.holds),
+            )
             for op, table in tables:
                 for field, value in table.items():
                     args += [op, field, value] if value is not None else [op.upper(), field]

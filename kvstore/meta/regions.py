@@ -119,6 +119,7 @@ class Regions:
             while region_id in self._regions:
                 region_id = secrets.randbits(63) or 1
             until = now + self.config.write_grant_ttl_s
+            st.segments.holds.region(pack_location(seg.number, offset), length)  # journaled before it is answered
             region = self._regions[region_id] = Region(region_id, holder, seg, offset, length, until)
             grant = self._signer.sign(seg.segment_id, offset, length, GrantMode.WRITE, int(until * 1000), LOCAL)
             return Reserved(
@@ -179,6 +180,7 @@ class Regions:
         del self._regions[region.region_id]
         if not self._st.segments.has_number(region.segment.number):
             return
+        self._st.segments.holds.region_ended(pack_location(region.segment.number, region.start))
         for offset, size in region.gaps():
             region.segment.allocator.free(offset, size)
 

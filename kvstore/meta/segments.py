@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from kvstore.errors import InvalidArgument
 from kvstore.meta.allocator import OffsetAllocator
+from kvstore.meta.holds import Holds
 from kvstore.results import GetResult, PutStartResult
 from kvstore.types import SegmentInfo, Tier
 
@@ -61,6 +62,7 @@ class SegmentTable:
         self._by_number: dict[int, Segment] = {}
         self._daemons: dict[str, Daemon] = {}
         self._next_number = 1
+        self.holds = Holds()  # space placed (or let go of) outside any stored object
         # Segments change rarely and are asked for on every put: the lists per tier are kept,
         # and rebuilt when a mount, confirmation or unmount moves `_version` on.
         self._version = 0
@@ -130,6 +132,7 @@ class SegmentTable:
             return None
         self._version += 1
         del self._by_number[seg.number]
+        self.holds.forget(lambda loc: loc >> OFFSET_BITS == seg.number)
         daemon = self._daemons.get(seg.daemon_id)
         if daemon is not None:
             daemon.segment_ids.discard(segment_id)
@@ -206,6 +209,7 @@ class SegmentTable:
         for seg in sorted(segs, key=lambda s: -s.allocator.free_bytes):
             offset = seg.allocator.allocate(size)
             if offset is not None:
+                self.holds.hold(pack_location(seg.number, offset), size)
                 return seg, offset
         return None
 
@@ -231,6 +235,7 @@ class SegmentTable:
             for seg in sorted(segs, key=lambda s: -s.allocator.free_bytes):
                 offset = seg.allocator.allocate(size)
                 if offset is not None:
+                    self.holds.hold(pack_location(seg.number, offset), size)
                     placed.append((seg, offset))
                     break
             if len(placed) == replica_num:

@@ -34,6 +34,9 @@ class MetaState:
     def __init__(self, grant_ceiling: Callable[[], float] | None = None) -> None:
         # The latest expiry (wall-clock seconds) a daemon-checked grant signed now may carry.
         self.grant_ceiling: Callable[[], float] = grant_ceiling or (lambda: float("inf"))
+        # After a takeover: when the predecessor's last grant expires (wall clock). Space freed
+        # before then waits for it, since any block may have been read or written under one.
+        self.inherited_until = 0.0
         self.index = ObjectIndex()
         self.segments = SegmentTable()
         self.leases = ReadLeases()
@@ -106,7 +109,12 @@ class MetaState:
         them per tier and per tenant, and tell the event sink, once per replica (so it can tell
         when a tier holds the key no more)."""
         report = self.events.stored if delta > 0 else self.events.removed
+        holds = self.segments.holds
         for loc in locations:
+            if delta > 0:
+                holds.owned(loc, size)
+            else:
+                holds.hold(loc, size)  # until the release below frees it
             tier = self.tier_of(loc)
             self.tier_counters[tier, "blocks"] += delta
             self.tenants.count(key, tier, delta, size)
@@ -135,6 +143,7 @@ class MetaState:
     ) -> None:
         """Free the space now, or hold it until the readers (lease id -> until, holder) and the grants
         (daemon-checked, until `grants_until`) can no longer touch it."""
+        grants_until = max(grants_until, self.inherited_until)
         if self.quarantine.needed(readers, grants_until, now):
             self.quarantine.hold(locations, size, readers, grants_until)
         else:
@@ -144,6 +153,7 @@ class MetaState:
         for loc in locations:
             number, offset = unpack_location(loc)
             self.segments.by_number(number).allocator.free(offset, size)
+            self.segments.holds.ended(loc)
 
     def drop(self, key: str, now: float) -> tuple[int, ...]:
         """COMPLETE -> ABSENT; returns the locations it had. Their space is freed once no reader
@@ -219,6 +229,7 @@ class MetaState:
             changes.segments[segment_id] = encode_segment(SegmentRecord(seg.number, seg.info)) if seg else None
         self.changed_keys, self.changed_pins, self.changed_segments = set(), set(), set()
         changes.tenants = self.tenants.take_changes()
+        changes.holds = self.segments.holds.take_changes()
         return changes
 
     def unmount(self, seg: Segment) -> int:

@@ -22,6 +22,7 @@ from kvstore.grant import GrantSigner
 from kvstore.meta import forgets, inspect, listing, pins, recovery, upkeep
 from kvstore.meta.eviction import EvictionPolicy, LRUEviction
 from kvstore.meta.gate import WriteGate
+from kvstore.meta.holds import HoldRecord
 from kvstore.meta.journal import Journal, NoJournal
 from kvstore.meta.reads import Reads
 from kvstore.meta.records import ObjectRecord, SegmentRecord, Unreadable
@@ -99,11 +100,8 @@ class MetaStore:
         """Hand what the caller changed to the journal (under the lock); wait on the ticket after."""
         return self._journal.submit(self._st.take_changes())
 
-    def journal_failed(self) -> bool:
-        return self._gate.journal_failed is not None
-
     def writes_open(self) -> bool:
-        return self._gate.is_open(self._clock.monotonic())
+        return self._gate.is_open()
 
     def takeover_wait_s(self) -> float:
         return self._gate.wait_s
@@ -163,13 +161,16 @@ class MetaStore:
         pins: Iterable[tuple[str, float] | Unreadable],
         tenants: dict[str, bytes] | None = None,
         first: bool = False,
+        holds: Iterable[HoldRecord | Unreadable] = (),
     ) -> Restored:
-        """Load a journal's records into this (empty) store as a service taking over: writes open once earlier
-        grants expired (at once for the `first` leader); segments not mounted again within heartbeat_ttl_s go."""
+        """Load a journal's records into this (empty) store as a service taking over (recovery.py): space its
+        predecessor's grants may reach waits until they expire (none before the `first` leader)."""
         with self._lock:
-            mono = self._clock.monotonic()
-            report = recovery.restore(self._st, segments, objects, pins, tenants or {}, self._clock.now(), mono)
-            self._gate.took_over(mono, first)
+            mono, now = self._clock.monotonic(), self._clock.now()
+            until = 0.0 if first else now + self._gate.grants_s
+            self._st.inherited_until = until
+            report = recovery.restore(self._st, segments, objects, pins, tenants or {}, now, mono, holds, until)
+            self._gate.took_over(mono)
             ticket = self._journaled()  # records found unusable are forgotten
         self._journal.wait(ticket)
         return report
@@ -198,7 +199,7 @@ class MetaStore:
 
         def work(part: range, now: float) -> list[PutStartResult]:
             results = [self._writes.start(keys[i], sizes[i], replica_num, client_host, now) for i in part]
-            self._evict_to_watermark(now)
+            upkeep.evict_to_watermarks(self._st, self._tiering, self._policy, self.config, now)
             segments.update(self._st.segments.named_by(results))
             return results
 
@@ -311,9 +312,11 @@ class MetaStore:
     # -- tier moves and copies (the daemon's side) ----------------------------------------------
 
     def claim_moves(self, daemon_id: str, max_bytes: int) -> list[MoveTask]:
-        if not self._gate.is_open(self._clock.monotonic()):
+        if not self._gate.is_open():
             return []  # no space is handed out while changes cannot be kept
         with self._lock:
+            if any(s.daemon_id == daemon_id for s in self._st.segments.unconfirmed()):
+                return []  # a tier of it is not mounted again since a takeover: moves could only evict
             tasks = self._forgets.claim(daemon_id, self._tiering.claim, max_bytes, self._clock.now())
             ticket = self._journaled()  # SSD room made by deleting blocks
         self._journal.wait(ticket)
@@ -349,13 +352,10 @@ class MetaStore:
             upkeep.drop_silent(self._st, self.config, mono, self._forgets.unmount)
             if self._gate.reconcile_due(mono):
                 upkeep.drop_unconfirmed(self._st, self.config, self._forgets.unmount)
-            if self._gate.is_open(mono):
-                self._evict_to_watermark(now)
+            if self._gate.is_open():
+                upkeep.evict_to_watermarks(self._st, self._tiering, self._policy, self.config, now)
             ticket = self._journaled()
         self._journal.wait(ticket)
-
-    def _evict_to_watermark(self, now: float) -> None:
-        upkeep.evict_to_watermarks(self._st, self._tiering, self._policy, self.config, now)
 
     # -- tenants (tenancy.py) ---------------------------------------------------------------------
 

