@@ -9,7 +9,8 @@ from kvstore.meta.index import Entry
 
 
 class Recency(Protocol):
-    """COMPLETE objects in recency order: the whole index, or one tenant's (index.TenantRecency)."""
+    """COMPLETE objects in recency order: the whole index, one tenant's (index.TenantRecency), or
+    those in some segments (index.SegmentRecency)."""
 
     def least_recent(self) -> Iterator[tuple[str, Entry]]: ...
 

@@ -5,21 +5,26 @@ Lifecycle (ObjectState):  ABSENT --begin_put--> PENDING --commit--> COMPLETE --r
 
 PENDING and COMPLETE objects live in separate tables so the hot COMPLETE table holds only what
 reads need. The COMPLETE table's insertion order is its recency order (oldest first): `touch`
-moves a key to the end, so LRU eviction walks from the front without a separate list.
+moves a key to the end, so LRU eviction walks from the front without a separate list. Each entry
+also carries its recency as a stamp, rising with every commit and touch, by which the orders per
+segment (orders.SegmentOrders) are kept: eviction that frees some segments walks only their keys.
 
 Memory: at millions of blocks each COMPLETE entry must stay near 300 bytes including its key, so an
-entry is a three-slot object and a replica location is one packed int (see segments.py).
+entry is a four-slot object and a replica location is one packed int (see segments.py). The
+orders kept beside (orders.py) cost about 70 bytes a key: the stamp, and a place per segment.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from itertools import pairwise
 
 from kvstore.errors import AlreadyExists, KeyBusy, KeyNotFound
-from kvstore.meta.orders import KeyOrders
+from kvstore.meta.orders import KeyOrders, SegmentOrders
+from kvstore.meta.segments import OFFSET_BITS
 from kvstore.meta.tenants import DEFAULT_ID, tenant_of
 
 _MAX_SHARED_SIZES = 4096
@@ -36,18 +41,25 @@ class ObjectState(Enum):
 
 
 class Entry:
-    """A COMPLETE object. `locations` is one packed location, or a tuple of them for replicas."""
+    """A COMPLETE object. `locations` is one packed location, or a tuple of them for replicas;
+    `stamp` its recency (greater: used more recently)."""
 
-    __slots__ = ("checksum", "locations", "size")
+    __slots__ = ("checksum", "locations", "size", "stamp")
 
-    def __init__(self, locations: int | tuple[int, ...], size: int, checksum: int) -> None:
+    def __init__(self, locations: int | tuple[int, ...], size: int, checksum: int, stamp: int) -> None:
         self.locations = locations
         self.size = size
         self.checksum = checksum
+        self.stamp = stamp
 
     def replicas(self) -> tuple[int, ...]:
         loc = self.locations
         return (loc,) if isinstance(loc, int) else loc
+
+    def segments(self) -> set[int]:
+        """The numbers of the segments its replicas are in."""
+        loc = self.locations
+        return {loc >> OFFSET_BITS} if isinstance(loc, int) else {x >> OFFSET_BITS for x in loc}
 
 
 def _pack(locations: tuple[int, ...]) -> int | tuple[int, ...]:
@@ -74,6 +86,8 @@ class ObjectIndex:
         self.tenant_keys: Counter[int] = Counter()
         self.tenant_pending: Counter[int] = Counter()
         self.orders = KeyOrders()  # per tenant recency, byte order
+        self.by_segment = SegmentOrders(lambda key: self._complete[key].stamp)
+        self._stamp = 0  # the last one given
         self.on_lost: LostReplicas | None = None  # forgets.py: SSD journals hear of what is gone
 
     def __len__(self) -> int:
@@ -117,23 +131,25 @@ class ObjectIndex:
         if put is None:
             raise KeyNotFound(key)
         self.tenant_pending[tenant_of(key)] -= put.size * len(put.locations)
-        entry = Entry(_pack(put.locations), put.size, checksum)
-        self._complete[key] = entry
-        self.orders.added(key)
-        if key[:1] == "\0":
-            self.tenant_keys[tenant_of(key)] += 1
-        return entry
+        return self._added(key, Entry(_pack(put.locations), put.size, checksum, self._next_stamp()))
 
     def insert_complete(self, key: str, locations: tuple[int, ...], size: int, checksum: int) -> Entry:
         """ABSENT -> COMPLETE directly: a block a restarted daemon found intact on disk."""
         if key in self._complete or key in self._pending:
             raise AlreadyExists(key)
-        entry = Entry(_pack(locations), size, checksum)
+        return self._added(key, Entry(_pack(locations), size, checksum, self._next_stamp()))
+
+    def _added(self, key: str, entry: Entry) -> Entry:
         self._complete[key] = entry
         self.orders.added(key)
+        self.by_segment.add(key, entry.segments(), newest=True)
         if key[:1] == "\0":
             self.tenant_keys[tenant_of(key)] += 1
         return entry
+
+    def _next_stamp(self) -> int:
+        self._stamp += 1
+        return self._stamp
 
     def abandon(self, key: str) -> PendingPut:
         """PENDING -> ABSENT; the caller frees the space."""
@@ -145,9 +161,11 @@ class ObjectIndex:
 
     def remove(self, key: str) -> Entry:
         """COMPLETE -> ABSENT; the caller frees the space."""
-        entry = self._complete.pop(key, None)
+        entry = self._complete.get(key)
         if entry is None:
             raise KeyNotFound(key)
+        self.by_segment.discard(key, entry.segments())  # while its stamp is still to be found
+        del self._complete[key]
         self.orders.removed(key)
         if key[:1] == "\0":
             self.tenant_keys[tenant_of(key)] -= 1
@@ -161,6 +179,10 @@ class ObjectIndex:
         if entry is not None:
             self._complete[key] = entry
             self.orders.touched(key)
+            numbers = entry.segments()
+            self.by_segment.discard(key, numbers)
+            entry.stamp = self._next_stamp()
+            self.by_segment.add(key, numbers, newest=True)
 
     def set_replicas(self, key: str, locations: tuple[int, ...]) -> None:
         """Replace where a key lives (a replica was lost, or the block moved); keeps recency."""
@@ -168,7 +190,11 @@ class ObjectIndex:
             entry = self._complete[key]
             if self.on_lost is not None and (lost := tuple(x for x in entry.replicas() if x not in locations)):
                 self.on_lost(key, lost, entry)
+            was = entry.segments()
             entry.locations = _pack(locations)
+            now = entry.segments()
+            self.by_segment.discard(key, was - now)
+            self.by_segment.add(key, now - was)
         elif key in self._pending:
             put = self._pending[key]
             self.tenant_pending[tenant_of(key)] += put.size * (len(locations) - len(put.locations))
@@ -188,6 +214,12 @@ class ObjectIndex:
         complete = self._complete
         return ((k, complete[k]) for k in self.orders.of_tenant(tenant))
 
+    def least_recent_in(self, numbers: Iterable[int]) -> Iterator[tuple[str, Entry]]:
+        """The COMPLETE objects with a replica in any of the segments `numbers`, least recently used
+        first, in O(segments + objects walked). Do not mutate while iterating."""
+        complete = self._complete
+        return ((k, complete[k]) for k in self.by_segment.least_recent(numbers))
+
     def pending_items(self) -> Iterator[tuple[str, PendingPut]]:
         return iter(self._pending.items())
 
@@ -204,6 +236,9 @@ class ObjectIndex:
     def check_invariants(self) -> None:
         assert not (self._complete.keys() & self._pending.keys()), "a key is both PENDING and COMPLETE"
         self.orders.check(self._complete)
+        stamps = [e.stamp for e in self._complete.values()]
+        assert all(a < b for a, b in pairwise(stamps)), "the recency stamps do not rise with recency"
+        self.by_segment.check(self._complete, lambda key: self._complete[key].segments())
         for key, locations, size in self.all_locations():
             assert size > 0 and locations, f"{key}: size {size}, locations {locations}"
             assert len(set(locations)) == len(locations), f"{key}: duplicate replica"
@@ -218,3 +253,15 @@ class TenantRecency:
 
     def least_recent(self) -> Iterator[tuple[str, Entry]]:
         return self._index.least_recent_of(self._tenant)
+
+
+class SegmentRecency:
+    """The objects with a replica in some segments as an eviction policy walks them (least recently
+    used first): what frees space in those segments, without stepping over the others' keys."""
+
+    def __init__(self, index: ObjectIndex, numbers: Iterable[int]) -> None:
+        self._index = index
+        self._numbers = numbers
+
+    def least_recent(self) -> Iterator[tuple[str, Entry]]:
+        return self._index.least_recent_in(self._numbers)

@@ -4,7 +4,9 @@ that a caller walks only what it returns (never every key, under the store's loc
 - per tenant (namespaced keys), least recently used first: a tenant at its quota evicts its own
   oldest blocks without stepping over every other tenant's;
 - byte order: a ListKeys page costs O(log n + its keys), and paging a store is linear, not
-  quadratic.
+  quadratic;
+- per segment, least recently used first (SegmentOrders): demotion, SSD room and the watermarks
+  walk only the keys in the segments they free, not the keys every other segment holds.
 
 The default tenant's keys (no namespace) have no order of their own: its quota, if any, walks
 the global recency, skipping the others' keys.
@@ -12,11 +14,15 @@ the global recency, skipping the others' keys.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import heapq
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from itertools import pairwise
 
-from sortedcontainers import SortedList  # type: ignore[import-untyped]
+from sortedcontainers import SortedKeyList, SortedList  # type: ignore[import-untyped]
 
 from kvstore.meta.tenants import tenant_of
+
+_ABSENT = object()
 
 
 class KeyOrders:
@@ -76,6 +82,101 @@ class KeyOrders:
         assert len(self.sorted) == len(complete), "the byte order lost or kept a key"
         namespaced = sum(len(keys) for keys in self._by_tenant.values())
         assert namespaced == sum(1 for k in complete if k[:1] == "\0"), "a tenant's order lost or kept a key"
+
+
+class SegmentOrders:
+    """Per segment number, the COMPLETE keys with a replica in it, least recently used first.
+
+    Recency is a stamp per key (`stamp_of`) that the index raises each time a key is committed or
+    touched, so the index's own order is ascending stamps, and merging some segments' orders by
+    stamp gives the index's order restricted to those segments. `stamp_of(key)` must give the
+    stamp a key had when it was added: the index discards a key before it restamps or forgets it.
+    """
+
+    def __init__(self, stamp_of: Callable[[str], int]) -> None:
+        self._stamp_of = stamp_of
+        self._by_segment: dict[int, _Segment] = {}
+
+    def add(self, key: str, numbers: Iterable[int], newest: bool = False) -> None:
+        """`key` has a replica in each of the segments `numbers` now; `newest`: its stamp is the
+        greatest of all (committed or touched just now), else it came with the one it had."""
+        for number in numbers:
+            seg = self._by_segment.get(number)
+            if seg is None:
+                seg = self._by_segment[number] = _Segment(self._stamp_of)
+            seg.add(key, newest)
+
+    def discard(self, key: str, numbers: Iterable[int]) -> None:
+        """`key` has no replica in the segments `numbers` any more (or is about to be restamped)."""
+        for number in numbers:
+            seg = self._by_segment[number]
+            seg.discard(key)
+            if not seg:
+                del self._by_segment[number]
+
+    def least_recent(self, numbers: Iterable[int]) -> Iterator[str]:
+        """The keys with a replica in any of the segments `numbers`, each once, least recently used
+        first. Costs O(segments) to start and O(log segments) a key. Do not mutate while iterating."""
+        orders = [seg.least_recent() for n in numbers if (seg := self._by_segment.get(n)) is not None]
+        if len(orders) == 1:
+            return orders[0]
+        return _once(heapq.merge(*orders, key=self._stamp_of))
+
+    def check(self, complete: Mapping[str, object], numbers_of: Callable[[str], Collection[int]]) -> None:
+        held = 0
+        for number, seg in self._by_segment.items():
+            assert seg, f"segment {number}'s order is empty, not gone"
+            assert not (seg.recent.keys() & set(seg.late)), f"a key is twice in segment {number}'s order"
+            # a key in `late` is found by its stamp: only if it was not restamped behind its back
+            assert all(key in seg.late for key in seg.late), f"segment {number}'s order lost track of a stamp"
+            keys = list(seg.least_recent())
+            assert all(key in complete and number in numbers_of(key) for key in keys), f"segment {number} is off"
+            stamps = [self._stamp_of(key) for key in keys]
+            assert all(a < b for a, b in pairwise(stamps)), f"segment {number}'s order is not by recency"
+            held += len(keys)
+        assert held == sum(len(numbers_of(k)) for k in complete), "a segment's order lost a key"
+
+
+class _Segment:
+    """One segment's keys, in two parts: `recent` in the order they came, each as the newest of them
+    (by a commit or a touch, as most do: O(1)); `late` by stamp, those that came older than that (a
+    replica moved or copied in: O(log n))."""
+
+    __slots__ = ("_stamp_of", "late", "recent")
+
+    def __init__(self, stamp_of: Callable[[str], int]) -> None:
+        self._stamp_of = stamp_of
+        self.recent: dict[str, None] = {}
+        self.late = SortedKeyList(key=stamp_of)
+
+    def __bool__(self) -> bool:
+        return bool(self.recent or self.late)
+
+    def add(self, key: str, newest: bool) -> None:
+        recent = self.recent
+        if newest or not recent or self._stamp_of(key) > self._stamp_of(next(reversed(recent))):
+            recent[key] = None
+        else:
+            self.late.add(key)
+
+    def discard(self, key: str) -> None:
+        if self.recent.pop(key, _ABSENT) is _ABSENT:
+            self.late.remove(key)
+
+    def least_recent(self) -> Iterator[str]:
+        if not self.late:
+            return iter(self.recent)
+        return heapq.merge(self.recent, self.late, key=self._stamp_of)
+
+
+def _once(keys: Iterator[str]) -> Iterator[str]:
+    """`keys` without repeats, where repeats come together: a key with replicas in two of the
+    merged segments comes from both, one after the other (one stamp a key)."""
+    previous = None
+    for key in keys:
+        if key != previous:
+            yield key
+        previous = key
 
 
 def _after(prefix: str) -> str:

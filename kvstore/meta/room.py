@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from kvstore.meta import quotas
 from kvstore.meta.eviction import EvictionPolicy
-from kvstore.meta.segments import Segment, unpack_location
+from kvstore.meta.index import SegmentRecency
+from kvstore.meta.segments import Segment
 from kvstore.meta.state import MetaState
 from kvstore.types import Tier
 
@@ -44,16 +45,10 @@ def make_room(
     numbers = {s.number for s in st.segments.segments(Tier.DRAM) if s.daemon_id in daemons}
     if not numbers:
         return Room()
-    protected = st.protected(now)
-
-    def elsewhere(key: str) -> bool:
-        entry = st.index.get(key)
-        return entry is None or not any(unpack_location(loc)[0] in numbers for loc in entry.replicas())
-
     need = size * replica_num
-    candidates = quotas.sparing_reserves(st, lambda key: protected(key) or elsewhere(key), Tier.DRAM, tenant)
+    candidates = quotas.sparing_reserves(st, st.protected(now), Tier.DRAM, tenant)
     while (short := need - st.returning(numbers)[0]) > 0:
-        victims = policy.victims(st.index, candidates, short)
+        victims = policy.victims(SegmentRecency(st.index, numbers), candidates, short)
         if not victims:
             break
         st.evict(victims, now)

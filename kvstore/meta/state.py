@@ -254,7 +254,7 @@ class MetaState:
             return unpack_location(loc)[0] == seg.number
 
         self.quarantine.forget_segment(in_seg)
-        affected = [(k, e) for k, e in self.index.least_recent() if any(map(in_seg, e.replicas()))]
+        affected = list(self.index.least_recent_in((seg.number,)))  # O(the segment's keys)
         for key, entry in affected:
             locs = entry.replicas()
             keep = tuple(loc for loc in locs if not in_seg(loc))

@@ -22,7 +22,7 @@ from kvstore.config import MetaConfig
 from kvstore.grant import GrantSigner
 from kvstore.meta import quotas, replication
 from kvstore.meta.eviction import EvictionPolicy
-from kvstore.meta.index import Entry
+from kvstore.meta.index import Entry, SegmentRecency
 from kvstore.meta.segments import Segment, pack_location, unpack_location
 from kvstore.meta.state import MetaState
 from kvstore.meta.tenants import tenant_of
@@ -89,7 +89,8 @@ class Tiering:
         if not ssd_daemons:
             return False
         skip = self._st.protected(now)
-        for key, entry in self._st.index.least_recent():
+        dram = {s.number for s in self._st.segments.segments(Tier.DRAM) if s.daemon_id in ssd_daemons}
+        for key, entry in self._st.index.least_recent_in(dram):
             if skip(key):
                 continue
             for loc in entry.replicas():
@@ -144,7 +145,7 @@ class Tiering:
         used, capacity = self._st.usage(tier, daemon_id)
         if not capacity:
             return []
-        local = {s.number for s in self._st.segments.segments(tier) if s.daemon_id == daemon_id}
+        local = self._numbers(tier, daemon_id)
         used -= self._st.returning(local)[0]  # evicted, waiting for its last grant: not evicted again
         in_flight = sum(
             m.task.size
@@ -156,12 +157,9 @@ class Tiering:
         need = max(over, pressure) - in_flight
         if need <= 0:
             return []
-        protected = self._st.protected(now)
-        skip = lambda key: protected(key) or self._local_replica(key, local) is None  # noqa: E731
+        skip = quotas.sparing_reserves(self._st, self._st.protected(now), tier)
         tasks = []
-        for key in self._policy.victims(
-            self._st.index, quotas.sparing_reserves(self._st, skip, tier), min(need, budget)
-        ):
+        for key in self._policy.victims(SegmentRecency(self._st.index, local), skip, min(need, budget)):
             entry = self._st.index.get(key)
             src = self._local_replica(key, local)
             if entry is None or src is None:  # evicted meanwhile, to keep a tenant within its quota below
@@ -233,13 +231,13 @@ class Tiering:
         """Delete least recently used SSD-only blocks of this daemon until `size` fits (sparing
         other tenants' reserved bytes than `owner`'s)."""
         protected = self._st.protected(now)
-        local = {s.number for s in self._st.segments.segments(Tier.SSD) if s.daemon_id == daemon_id}
+        local = self._numbers(Tier.SSD, daemon_id)
         plain = lambda key: protected(key) or not self._only_on(key, local)  # noqa: E731
         # Space evicted earlier that waits for its last grant is room on its way back: once it
         # covers `size`, evicting more would free nothing sooner.
         while self._st.returning(local)[0] < size:
             skip = quotas.sparing_reserves(self._st, plain, Tier.SSD, owner)
-            victims = self._policy.victims(self._st.index, skip, size)
+            victims = self._policy.victims(SegmentRecency(self._st.index, local), skip, size)
             if not victims:
                 return None
             self._st.evict(victims, now)
@@ -249,8 +247,7 @@ class Tiering:
         return None
 
     def _ssd_returning(self, daemon_id: str) -> int:
-        local = {s.number for s in self._st.segments.segments(Tier.SSD) if s.daemon_id == daemon_id}
-        return self._st.returning(local)[0]
+        return self._st.returning(self._numbers(Tier.SSD, daemon_id))[0]
 
     def _start(
         self, kind: MoveKind, key: str, entry: Entry, src: int, placed: tuple[Segment, int], daemon_id: str, now: float
@@ -364,14 +361,17 @@ class Tiering:
             return
         protected = self._st.protected(now)
         plain = lambda key: protected(key) or not self._only_on(key, numbers)  # noqa: E731
-        skip = quotas.sparing_reserves(self._st, plain, tier)
-        self._st.evict(self._policy.victims(self._st.index, skip, used - int(capacity * low)), now)
+        in_tier, skip = SegmentRecency(self._st.index, numbers), quotas.sparing_reserves(self._st, plain, tier)
+        self._st.evict(self._policy.victims(in_tier, skip, used - int(capacity * low)), now)
 
     # -- helpers -----------------------------------------------------------------------------------
 
     def _alive(self, location: int, segment_id: str) -> bool:
         seg = self._st.segments.get(segment_id)
         return seg is not None and seg.number == unpack_location(location)[0]
+
+    def _numbers(self, tier: Tier, daemon_id: str) -> set[int]:
+        return {s.number for s in self._st.segments.segments(tier) if s.daemon_id == daemon_id}
 
     def _local_replica(self, key: str, numbers: set[int]) -> int | None:
         entry = self._st.index.get(key)

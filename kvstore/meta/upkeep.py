@@ -14,6 +14,7 @@ from collections.abc import Callable
 from kvstore.config import MetaConfig
 from kvstore.meta import quotas
 from kvstore.meta.eviction import EvictionPolicy
+from kvstore.meta.index import SegmentRecency
 from kvstore.meta.state import MetaState
 from kvstore.meta.tiering import Tiering
 from kvstore.types import Tier
@@ -69,5 +70,8 @@ def evict_to_watermarks(
     used -= st.returning({s.number for s in st.segments.segments(Tier.DRAM) if s.daemon_id not in ssd_daemons})[0]
     if capacity and used > capacity * config.high_watermark:
         need = used - int(capacity * config.low_watermark)
+        # Keys with no replica on those daemons: those in the other daemons' segments (of any tier,
+        # as the walk over every key found them), less those with a replica on both.
+        others = SegmentRecency(st.index, {s.number for s in st.segments.segments() if s.daemon_id not in ssd_daemons})
         skip = quotas.sparing_reserves(st, st.droppable(now, ssd_daemons), Tier.DRAM)
-        st.evict(policy.victims(st.index, skip, need), now)
+        st.evict(policy.victims(others, skip, need), now)
