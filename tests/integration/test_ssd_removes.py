@@ -11,15 +11,15 @@ from kvstore.checksum import checksum
 from kvstore.client import KVClient
 from kvstore.clock import FakeClock
 from kvstore.config import ClientConfig, MetaConfig
-from kvstore.errors import ErrorCode, KVStoreError
+from kvstore.errors import ErrorCode
 from kvstore.meta.records import ObjectRecord, SegmentRecord
 from kvstore.meta.segments import pack_location
 from kvstore.meta.store import MetaStore
-from kvstore.metaclient import MetaClient
 from kvstore.results import OK, Block, MoveOutcome
 from kvstore.storage.ssd import SsdSegment
 from kvstore.types import MoveKind, Tier
 from tests.cluster import wait_until
+from tests.ha.test_ha import writes_open
 from tests.inprocess import InProcessStore
 from tests.meta_helpers import SIGNER, segment
 from tests.redis_server import RedisServer
@@ -142,15 +142,6 @@ def test_a_removed_ssd_block_stays_gone_after_a_takeover(cluster, tmp_path, surv
                 assert c.get(k) == value(KEYS.index(k)), k
     finally:
         redis.stop()
-
-
-def writes_open(address: str) -> bool:
-    try:
-        with MetaClient(address, timeout_s=1) as meta:
-            stats = meta.stats()
-        return stats.writes_open and stats.reconciling == 0
-    except KVStoreError:
-        return False
 
 
 # Every block demoted as soon as no one reads it.
