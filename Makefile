@@ -22,11 +22,11 @@ test-quick: setup
 	.venv/bin/python -m pytest -q -m "not slow and not faults"
 
 lint: setup
-	.venv/bin/ruff check kvstore clients
-	.venv/bin/ruff format --check kvstore clients
+	.venv/bin/ruff check kvstore
+	.venv/bin/ruff format --check kvstore
 
 typecheck: setup
-	.venv/bin/mypy kvstore clients
+	.venv/bin/mypy kvstore
 
 bench: setup
 	.venv/bin/kvstore bench

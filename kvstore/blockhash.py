@@ -1,5 +1,5 @@
 """The block hash engines name KV blocks by, as a pure function that every side can call: the
-engines (engines/keys.py's KeyScheme), the metadata service's indexer (kvstore/indexer/) and the
+engines (kvstore/engines/keys.py's KeyScheme), the metadata service's indexer (kvstore/indexer/) and the
 router, none of which may import the others.
 
 A block of `block_size` tokens is named by a chained hash, as vLLM and SGLang do:

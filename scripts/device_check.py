@@ -11,7 +11,7 @@ crashes is reported and the next still runs:
                pinned and pageable host-to-device copies and memcpy (kvstore/bench/gpu.py)
     ttft       the reference model at ~1B parameters, bf16, on the GPU: decode-side TTFT with KV
                from the store (DRAM tier, GPU tier) against recompute, 2K / 8K / 32K tokens
-               (engines/ttft.py; dry run: the tiny config, short prompts, on the CPU)
+               (kvstore/engines/ttft.py; dry run: the tiny config, short prompts, on the CPU)
     metascale  the sharded-metadata scaling bench (python -m kvstore.bench.sharding) with 1, 2, 4, 8
                shards and 12 client processes: CPU per call, aggregate calls/s, match_prefix p50
 

@@ -1,4 +1,4 @@
-"""The engines' own KV load path (engines/codec.py, as the reference engine and the vLLM connector
+"""The engines' own KV load path (kvstore/engines/codec.py, as the reference engine and the vLLM connector
 use it) against raw get_many_into of the same bytes, in the same store, in the same run.
 
 A 2K-token prompt's KV of a model-shaped paged cache (fp16, 16-token blocks, 8 KV heads of 128)

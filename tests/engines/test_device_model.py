@@ -1,4 +1,4 @@
-"""The reference model's fast forward pass (engines/reference/device_model.py) against the
+"""The reference model's fast forward pass (kvstore/engines/reference/device_model.py) against the
 bit-exact one, on the CPU: same weights, same logits within rounding, and KV from an earlier pass
 (or from another cache, as a decode instance gets it) gives the logits of one whole pass."""
 

@@ -14,8 +14,7 @@ import kvstore
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = 400
 GENERATED = ("kvstore/v1/",)
-# Package dirs as imported: clients/ is kvstore.client, engines/ is kvstore.engines.
-ROOTS = {"kvstore": "kvstore", "clients": "kvstore.client", "engines": "kvstore.engines"}
+ROOTS = {"kvstore": "kvstore"}
 # Layers, lowest first: a module may import its own layer and those below, never above.
 LAYERS = [
     ("core", ("kvstore", "kvstore.types", "kvstore.errors", "kvstore.clock", "kvstore.config", "kvstore.connlimit",

@@ -1,7 +1,7 @@
 """`kvstore route`: the PD router, an OpenAI-compatible front end over engine instances.
 
 `--backend reference` (the default) fronts kvstore's reference engine; `--backend vllm` fronts vLLM
-OpenAI servers running kvstore's connector (see engines/router/vllm_backend.py).
+OpenAI servers running kvstore's connector (see kvstore/engines/router/vllm_backend.py).
 Prints `kvstore ready: router=http://HOST:PORT policy=NAME backend=NAME` once it accepts requests.
 """
 
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vllm backend: an instance's KV event endpoint (its --kv-events-config), e.g. "
                         "http://127.0.0.1:8100=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558; repeat per instance. "
                         "The router then routes each prompt to the instance whose own cache holds most of it "
-                        "(engines/router/affinity.py)")
+                        "(kvstore/engines/router/affinity.py)")
     p.add_argument("--store-events", default=None, metavar="ENDPOINT[,REPLAY]",
                    help="vllm backend: kvstore's KV events (the metadata service's events_port), so the "
                         "router knows what the store holds")

@@ -1,4 +1,4 @@
-"""The capacity planner behind `kvstore plan` (engines/plan.py is its command line).
+"""The capacity planner behind `kvstore plan` (kvstore/engines/plan.py is its command line).
 
     model.py      a model's KV cache per token and its parameter counts; presets
     hf_config.py  the same, read from a Hugging Face `config.json`

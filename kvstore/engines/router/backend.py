@@ -4,7 +4,7 @@ The request flow (`proxy.Router`) is the same for every engine: read the prompt,
 prefill with max_tokens=1 and hand the KV over through kvstore, stream from the generating
 instance, retry before the first token. A `Backend` owns what differs: how instances are discovered,
 how a prompt is counted, what the instances are sent, and what their answers report. Two are
-registered in `engines/router/cli.py`:
+registered in `kvstore/engines/router/cli.py`:
 
     reference   kvstore's reference engine: /kvstore/info, byte tokens, prefix lookups in kvstore,
                 per-request metrics from the instances (`reference_backend.py`)

@@ -80,7 +80,7 @@ class RouteRequest:
     prompt_tokens: int
     cached_tokens: int = 0          # leading prompt tokens whose KV kvstore holds
     # leading prompt tokens each instance holds in its own cache, where known (from KV events:
-    # engines/router/prefix_index.py); read by the PrefixAffinity wrapper (affinity.py)
+    # kvstore/engines/router/prefix_index.py); read by the PrefixAffinity wrapper (affinity.py)
     instance_cached: Mapping[str, int] = field(default_factory=dict)
 
     @property
