@@ -25,9 +25,9 @@ class BenchResult:
     ttft_load_s: float
     load_s: float
     load_bytes: int
-    prefill_s: float               # prefill instance: compute
-    prefill_e2e_s: float           # prefill instance: compute + the save it waits for
-    save_s: float                  # time the save's puts took (overlapping the compute)
+    prefill_s: float  # prefill instance: compute
+    prefill_e2e_s: float  # prefill instance: compute + the save it waits for
+    save_s: float  # time the save's puts took (overlapping the compute)
 
     @property
     def ratio(self) -> float:
@@ -58,10 +58,12 @@ def bench(meta: str, prompt_tokens: int, repeat: int, granularity: Granularity, 
     blocks = prompt_tokens // 16 + 4
     with KVClient(meta) as kv:
         tenant = f"bench-{granularity.value}-{seed}"
-        prefill = ReferenceEngine(model, EngineConfig(Role.PREFILL, cache_blocks=blocks, granularity=granularity,
-                                                      tenant=tenant), kv)
-        loader = ReferenceEngine(model, EngineConfig(Role.DECODE, cache_blocks=blocks, granularity=granularity,
-                                                     tenant=tenant), kv)
+        prefill = ReferenceEngine(
+            model, EngineConfig(Role.PREFILL, cache_blocks=blocks, granularity=granularity, tenant=tenant), kv
+        )
+        loader = ReferenceEngine(
+            model, EngineConfig(Role.DECODE, cache_blocks=blocks, granularity=granularity, tenant=tenant), kv
+        )
         recomputer = ReferenceEngine(model, EngineConfig(Role.DECODE, cache_blocks=blocks))
         gen = torch.Generator().manual_seed(seed)
         samples: dict[str, list[float]] = {k: [] for k in ("rec", "load", "load_s", "pre", "pre_e2e", "save")}
@@ -74,8 +76,9 @@ def bench(meta: str, prompt_tokens: int, repeat: int, granularity: Granularity, 
             rec = recomputer.generate(GenerationRequest(f"r{i}", prompt, 2), lambda t: None)
             dec = loader.generate(GenerationRequest(f"d{i}", prompt, 2, prompt_tokens), lambda t: None)
             if dec.tokens != rec.tokens or dec.metrics.fallback:
-                raise RuntimeError(f"run {i}: loaded KV gave {dec.tokens}, recompute {rec.tokens} "
-                                   f"(fallback {dec.metrics.fallback})")
+                raise RuntimeError(
+                    f"run {i}: loaded KV gave {dec.tokens}, recompute {rec.tokens} (fallback {dec.metrics.fallback})"
+                )
             samples["rec"].append(rec.metrics.ttft_s)
             samples["load"].append(dec.metrics.ttft_s)
             samples["load_s"].append(dec.metrics.kv_load_s)
@@ -86,22 +89,34 @@ def bench(meta: str, prompt_tokens: int, repeat: int, granularity: Granularity, 
         for e in (prefill, loader, recomputer):
             e.close()
     med = {k: statistics.median(v) for k, v in samples.items()}
-    return BenchResult(granularity.value, prompt_tokens, med["rec"], med["load"], med["load_s"], load_bytes,
-                       med["pre"], med["pre_e2e"], med["save"])
+    return BenchResult(
+        granularity.value,
+        prompt_tokens,
+        med["rec"],
+        med["load"],
+        med["load_s"],
+        load_bytes,
+        med["pre"],
+        med["pre_e2e"],
+        med["save"],
+    )
 
 
 def report(r: BenchResult) -> str:
-    return "\n".join([
-        f"{r.prompt_tokens}-token prompt, {r.granularity} objects ({r.load_bytes / 2**20:.1f} MiB of KV loaded):",
-        f"  decode TTFT, recompute       {r.ttft_recompute_s * 1e3:8.1f} ms",
-        f"  decode TTFT, load from store {r.ttft_load_s * 1e3:8.1f} ms   (load {r.load_s * 1e3:.1f} ms = "
-        f"{r.load_bytes / r.load_s / 1e9:.2f} GB/s)",
-        f"  ratio load / recompute       {r.ratio:8.3f}      (target <= 0.3)",
-        f"  KV load share of that TTFT   {r.load_share:8.1%}",
-        f"  PD path: prefill {r.prefill_s * 1e3:.1f} ms compute + {(r.prefill_e2e_s - r.prefill_s) * 1e3:.1f} ms "
-        f"waiting on the save (puts took {r.save_s * 1e3:.1f} ms, overlapped) + decode {r.ttft_load_s * 1e3:.1f} ms "
-        f"= {r.pd_ttft_s * 1e3:.1f} ms; KV transfer (exposed save + load) {r.pd_transfer_share:.1%} of it",
-    ])
+    return "\n".join(
+        [
+            f"{r.prompt_tokens}-token prompt, {r.granularity} objects ({r.load_bytes / 2**20:.1f} MiB of KV loaded):",
+            f"  decode TTFT, recompute       {r.ttft_recompute_s * 1e3:8.1f} ms",
+            f"  decode TTFT, load from store {r.ttft_load_s * 1e3:8.1f} ms   (load {r.load_s * 1e3:.1f} ms = "
+            f"{r.load_bytes / r.load_s / 1e9:.2f} GB/s)",
+            f"  ratio load / recompute       {r.ratio:8.3f}      (target <= 0.3)",
+            f"  KV load share of that TTFT   {r.load_share:8.1%}",
+            f"  PD path: prefill {r.prefill_s * 1e3:.1f} ms compute + {(r.prefill_e2e_s - r.prefill_s) * 1e3:.1f} ms "
+            f"waiting on the save (puts took {r.save_s * 1e3:.1f} ms, overlapped) "
+            f"+ decode {r.ttft_load_s * 1e3:.1f} ms "
+            f"= {r.pd_ttft_s * 1e3:.1f} ms; KV transfer (exposed save + load) {r.pd_transfer_share:.1%} of it",
+        ]
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

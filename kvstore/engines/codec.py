@@ -47,7 +47,7 @@ class LoadResult:
     blocks_loaded: int
     nbytes: int
     seconds: float
-    error: KVStoreError | None = None     # why loading stopped early, if it did
+    error: KVStoreError | None = None  # why loading stopped early, if it did
 
     @property
     def complete(self) -> bool:
@@ -56,8 +56,8 @@ class LoadResult:
 
 @dataclass(frozen=True)
 class SaveResult:
-    blocks_written: int                   # new objects stored by this call
-    blocks_present: int                   # already stored (same key, same bytes): skipped
+    blocks_written: int  # new objects stored by this call
+    blocks_present: int  # already stored (same key, same bytes): skipped
     nbytes: int
     seconds: float
     error: KVStoreError | None = None
@@ -74,15 +74,22 @@ class KVBlockCodec:
     """Moves blocks between `planes` and the store named by `scheme`, through `client`
     (a KVClient, or anything with put_many / get_many_into / match_prefix)."""
 
-    def __init__(self, client: Any, scheme: KeyScheme, planes: Sequence[torch.Tensor],
-                 granularity: Granularity = Granularity.LAYER,
-                 layer_of_plane: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        scheme: KeyScheme,
+        planes: Sequence[torch.Tensor],
+        granularity: Granularity = Granularity.LAYER,
+        layer_of_plane: Sequence[int] | None = None,
+    ) -> None:
         if not planes:
             raise InvalidArgument("a KV cache needs at least one plane")
         for p in planes:
             if p.device != planes[0].device or not p[0].is_contiguous() or p.shape[0] != planes[0].shape[0]:
-                raise InvalidArgument("planes must be block-major, with contiguous blocks, the same number of "
-                                      "blocks, and on one device (CPU or CUDA: the client stages device memory)")
+                raise InvalidArgument(
+                    "planes must be block-major, with contiguous blocks, the same number of "
+                    "blocks, and on one device (CPU or CUDA: the client stages device memory)"
+                )
         self.client = client
         self.scheme = scheme
         self.planes = list(planes)
@@ -111,8 +118,9 @@ class KVBlockCodec:
             log.warning("could not check the key scheme in kvstore (%s); continuing", exc)
             return False
         if found != stored:
-            raise SchemeMismatch(f"{self.scheme.scheme_key} records {found.decode(errors='replace')}, "
-                                 f"this engine uses {stored.decode()}")
+            raise SchemeMismatch(
+                f"{self.scheme.scheme_key} records {found.decode(errors='replace')}, this engine uses {stored.decode()}"
+            )
         return True
 
     # -- keys ----------------------------------------------------------------------------------
@@ -141,8 +149,9 @@ class KVBlockCodec:
 
     # -- save ----------------------------------------------------------------------------------
 
-    def save(self, hashes: Sequence[bytes], block_ids: Sequence[int],
-             layers: Sequence[int] | None = None) -> SaveResult:
+    def save(
+        self, hashes: Sequence[bytes], block_ids: Sequence[int], layers: Sequence[int] | None = None
+    ) -> SaveResult:
         """Store blocks `block_ids` (whose chained hashes are `hashes`). With LAYER granularity
         `layers` limits the call to those layers' planes. Never raises a store error: the result
         carries it (a failed save only costs a later recompute)."""
@@ -163,14 +172,13 @@ class KVBlockCodec:
             return SaveResult(0, 0, 0, time.perf_counter() - start, exc)
         nbytes = sum(_nbytes(v) for v, w in zip(values, written) if w)
         new = sum(written)
-        return SaveResult(new // len(parts), (len(keys) - new) // len(parts), nbytes,
-                          time.perf_counter() - start)
+        return SaveResult(new // len(parts), (len(keys) - new) // len(parts), nbytes, time.perf_counter() - start)
 
     def _block(self, plane: int, block: int) -> memoryview:
         """Block `block` of plane `plane` as a flat byte view of the cache (no copy)."""
         flat, n = self._flat[plane], self._plane_bytes[plane]
         if flat is not None:
-            return flat[block * n:(block + 1) * n]
+            return flat[block * n : (block + 1) * n]
         return self.planes[plane][block].view(torch.uint8).reshape(-1).numpy().data
 
     def _gather(self, block_ids: Sequence[int]) -> torch.Tensor:
@@ -179,7 +187,7 @@ class KVBlockCodec:
         idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=device)
         off = 0
         for plane, n in zip(self.planes, self._plane_bytes):
-            staging[:, off:off + n] = plane.index_select(0, idx).view(torch.uint8).reshape(len(idx), n)
+            staging[:, off : off + n] = plane.index_select(0, idx).view(torch.uint8).reshape(len(idx), n)
             off += n
         return staging
 
@@ -197,14 +205,15 @@ class KVBlockCodec:
         idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=staging.device)
         off = 0
         for plane, n in zip(self.planes, self._plane_bytes):
-            rows = staging[:, off:off + n].view(plane.dtype)  # a strided view: index_copy_ reads it in place
+            rows = staging[:, off : off + n].view(plane.dtype)  # a strided view: index_copy_ reads it in place
             plane.index_copy_(0, idx, rows.reshape(len(idx), *plane.shape[1:]))
             off += n
 
     # -- load ----------------------------------------------------------------------------------
 
-    def load(self, hashes: Sequence[bytes], block_ids: Sequence[int],
-             layers: Sequence[int] | None = None) -> LoadResult:
+    def load(
+        self, hashes: Sequence[bytes], block_ids: Sequence[int], layers: Sequence[int] | None = None
+    ) -> LoadResult:
         """Read blocks into `block_ids` (one batched get). Blocks after the first one that failed
         are not counted as loaded even if their bytes arrived: KV is only usable as a prefix."""
         if len(hashes) != len(block_ids):
@@ -233,29 +242,29 @@ class KVBlockCodec:
                 staging = self._load_staging(len(block_ids), kept)
                 flat = staging.reshape(-1).numpy().data
                 n = self.block_nbytes
-                buffers = [flat[i * n:(i + 1) * n] for i in range(len(block_ids))]
+                buffers = [flat[i * n : (i + 1) * n] for i in range(len(block_ids))]
         else:
             buffers = [self._block(p, b) for b in block_ids for p in parts]
         try:
             results = self.client.get_many_into(keys, buffers, strict=False)
-        except KVStoreError as exc:        # the metadata service itself failed: nothing arrived
+        except KVStoreError as exc:  # the metadata service itself failed: nothing arrived
             return LoadResult(len(hashes), 0, 0, time.perf_counter() - start, exc)
         loaded, error = self._leading_blocks(results, buffers, len(parts))
         if staging is not None and loaded:
             self._scatter(staging[:loaded], block_ids[:loaded])
-        nbytes = sum(len(b) for b in buffers[:loaded * len(parts)])
+        nbytes = sum(len(b) for b in buffers[: loaded * len(parts)])
         return LoadResult(len(hashes), loaded, nbytes, time.perf_counter() - start, error)
 
     @staticmethod
-    def _leading_blocks(results: list[Any], buffers: list[Any],
-                        per_block: int) -> tuple[int, KVStoreError | None]:
+    def _leading_blocks(results: list[Any], buffers: list[Any], per_block: int) -> tuple[int, KVStoreError | None]:
         for i, (got, buf) in enumerate(zip(results, buffers)):
             if isinstance(got, KVStoreError):
                 return i // per_block, got
             if got != len(buf):
                 return i // per_block, InvalidArgument(
                     f"stored object is {got} bytes, the cache block is {len(buf)}: "
-                    "the layout differs from the one that saved it")
+                    "the layout differs from the one that saved it"
+                )
         return len(results) // per_block, None
 
 

@@ -29,8 +29,8 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
-from typing import Iterable
 
 import httpx
 
@@ -40,29 +40,53 @@ from kvstore.engines.loadgen import Outcome, Run, drive
 from kvstore.engines.workload import MIXES, ShapedConfig, make_shaped
 
 SCENARIOS = ("colocated", "pd", "hybrid", "pd-failures")
-DEFAULT_RATES = {"rag": 2.5, "code": 4.0, "chat": 8.0, "mixed": 4.0}   # req/s: loaded, not overloaded, here
+DEFAULT_RATES = {"rag": 2.5, "code": 4.0, "chat": 8.0, "mixed": 4.0}  # req/s: loaded, not overloaded, here
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default=",".join(MIXES), help=f"comma-separated, from {', '.join(MIXES)}")
     p.add_argument("--scenarios", default="colocated,pd,hybrid", help=f"comma-separated, from {', '.join(SCENARIOS)}")
     p.add_argument("--requests", type=int, default=30, help="requests per run")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="runs per workload, rate and scenario, the scenarios taking turns; figures pool them")
-    p.add_argument("--rate", type=float, default=None,
-                   help="request rate for every workload, req/s (default: " +
-                        ", ".join(f"{k} {v:g}" for k, v in DEFAULT_RATES.items()) + ")")
-    p.add_argument("--sweep", default="0.5,1.5", help="goodput vs rate on the mixed workload: these multiples of "
-                                                     "its rate, besides 1 (empty: no sweep)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per workload, rate and scenario, the scenarios taking turns; figures pool them",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="request rate for every workload, req/s (default: "
+        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_RATES.items())
+        + ")",
+    )
+    p.add_argument(
+        "--sweep",
+        default="0.5,1.5",
+        help="goodput vs rate on the mixed workload: these multiples of its rate, besides 1 (empty: no sweep)",
+    )
     p.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT objective, seconds")
     p.add_argument("--slo-tpot", type=float, default=0.025, help="TPOT objective (mean per request), seconds")
-    p.add_argument("--serial-requests", type=int, default=32,
-                   help="code-like requests sent at once to one batching and one one-at-a-time instance (0: skip)")
-    p.add_argument("--hybrid-pool", choices=["colocated", "decode"], default="colocated",
-                   help="where hybrid computes short prompts: the colocated instances, or the decode instance")
-    p.add_argument("--interference-weight", type=float, default=3.0,
-                   help="hybrid router: a second of stalled decode stream against a second of TTFT (the TPOT "
-                        "objective leaves far less room than the TTFT one)")
+    p.add_argument(
+        "--serial-requests",
+        type=int,
+        default=32,
+        help="code-like requests sent at once to one batching and one one-at-a-time instance (0: skip)",
+    )
+    p.add_argument(
+        "--hybrid-pool",
+        choices=["colocated", "decode"],
+        default="colocated",
+        help="where hybrid computes short prompts: the colocated instances, or the decode instance",
+    )
+    p.add_argument(
+        "--interference-weight",
+        type=float,
+        default=3.0,
+        help="hybrid router: a second of stalled decode stream against a second of TTFT (the TPOT "
+        "objective leaves far less room than the TTFT one)",
+    )
     p.add_argument("--max-batch-tokens", type=int, default=512, help="engines: tokens per step")
     p.add_argument("--failure-rate", type=float, default=0.5, help="share of KV loads failed in pd-failures")
     p.add_argument("--seed", type=int, default=0)
@@ -92,8 +116,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvstore demo: {exc}", file=sys.stderr)
         return 2
-    engine_args = ["--threads", str(args.threads), "--max-batch-tokens", str(args.max_batch_tokens),
-                   "--cache-blocks", "2048"]
+    engine_args = [
+        "--threads",
+        str(args.threads),
+        "--max-batch-tokens",
+        str(args.max_batch_tokens),
+        "--cache-blocks",
+        "2048",
+    ]
     runs: dict[tuple[str, str, float], Run] = {}
     with Fleet(echo=args.verbose) as fleet:
         meta, urls, routers = _deploy(fleet, args, scenarios, engine_args)
@@ -103,12 +133,13 @@ def run(args: argparse.Namespace) -> int:
             nonlocal salt
             salt += 1
             faults = args.failure_rate if scenario == "pd-failures" else 0.0
-            httpx.post(f"{urls['decode']}/admin/faults", json={"load_failure_rate": faults, "seed": args.seed}
-                       ).raise_for_status()
+            httpx.post(
+                f"{urls['decode']}/admin/faults", json={"load_failure_rate": faults, "seed": args.seed}
+            ).raise_for_status()
             items = make_shaped(ShapedConfig(workload, args.requests, rate, args.seed), salt)
             result = asyncio.run(drive(routers[scenario], items, f"{workload}/{scenario}@{rate:g}"))
             before = runs.get((workload, scenario, rate))
-            if before is not None:                          # a repeat: pooled with the earlier ones
+            if before is not None:  # a repeat: pooled with the earlier ones
                 result = Run(before.label, before.outcomes + result.outcomes, before.wall_s + result.wall_s)
             runs[(workload, scenario, rate)] = result
             return result
@@ -118,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
         if "mixed" in workloads:
             cells += [("mixed", round(rates["mixed"] * factor, 3)) for factor in sweep]
         for workload, rate in cells:
-            for _ in range(args.repeat):                    # scenarios take turns, so load from
-                for scenario in scenarios:                  # elsewhere on the host hits them alike
+            for _ in range(args.repeat):  # scenarios take turns, so load from
+                for scenario in scenarios:  # elsewhere on the host hits them alike
                     one(workload, scenario, rate)
         serial = None
         if args.serial_requests:
@@ -138,58 +169,87 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _deploy(fleet: Fleet, args: argparse.Namespace, scenarios: list[str],
-            engine_args: list[str]) -> tuple[str, dict[str, str], dict[str, str]]:
+def _deploy(
+    fleet: Fleet, args: argparse.Namespace, scenarios: list[str], engine_args: list[str]
+) -> tuple[str, dict[str, str], dict[str, str]]:
     """The store, the four engine instances and a router per scenario: (meta, engines, routers)."""
     t0 = time.perf_counter()
     print("starting: store", end="", flush=True)
     _, meta = fleet.store(args.dram)
     urls = {}
-    for name, role in (("prefill", "prefill"), ("decode", "decode"), ("colocated-1", "colocated"),
-                       ("colocated-2", "colocated")):
+    for name, role in (
+        ("prefill", "prefill"),
+        ("decode", "decode"),
+        ("colocated-1", "colocated"),
+        ("colocated-2", "colocated"),
+    ):
         print(f", {name}", end="", flush=True)
         urls[name] = fleet.engine(role, meta, *engine_args, name=name)[1]
     colocated = [urls["colocated-1"], urls["colocated-2"]]
     pd = ([urls["prefill"]], [urls["decode"]])
-    pools = {"colocated": ([], [], colocated, "colocated"), "pd": (*pd, [], "pd"), "pd-failures": (*pd, [], "pd"),
-             "hybrid": (*pd, colocated if args.hybrid_pool == "colocated" else [], "cost")}
+    pools = {
+        "colocated": ([], [], colocated, "colocated"),
+        "pd": (*pd, [], "pd"),
+        "pd-failures": (*pd, [], "pd"),
+        "hybrid": (*pd, colocated if args.hybrid_pool == "colocated" else [], "cost"),
+    }
     routers = {}
     for name in scenarios:
         prefill, decode, coloc, policy = pools[name]
         print(f", router ({name})", end="", flush=True)
-        routers[name] = fleet.router(prefill, decode, coloc, meta, "--policy", policy, "--log-level", "WARNING",
-                                     "--interference-weight", str(args.interference_weight),
-                                     name=f"router-{name}")[1]
+        routers[name] = fleet.router(
+            prefill,
+            decode,
+            coloc,
+            meta,
+            "--policy",
+            policy,
+            "--log-level",
+            "WARNING",
+            "--interference-weight",
+            str(args.interference_weight),
+            name=f"router-{name}",
+        )[1]
     print(f"  [{time.perf_counter() - t0:.1f}s]")
     return meta, urls, routers
 
 
-def _batching_vs_serial(fleet: Fleet, meta: str, engine_args: list[str], batching: str,
-                        args: argparse.Namespace) -> tuple[Run, Run]:
+def _batching_vs_serial(
+    fleet: Fleet, meta: str, engine_args: list[str], batching: str, args: argparse.Namespace
+) -> tuple[Run, Run]:
     """The same burst of code-like requests to a batching instance and a one-at-a-time one."""
     print("continuous batching vs one request at a time (code-like, all sent at once):")
     _, serial = fleet.engine("colocated", meta, *engine_args, "--max-num-seqs", "1", name="one-at-a-time")
-    burst = [item.__class__(0.0, item.kind, item.prompt, item.max_tokens)
-             for item in make_shaped(ShapedConfig("code", args.serial_requests, 1.0, args.seed), 1000)]
+    burst = [
+        item.__class__(0.0, item.kind, item.prompt, item.max_tokens)
+        for item in make_shaped(ShapedConfig("code", args.serial_requests, 1.0, args.seed), 1000)
+    ]
     return asyncio.run(drive(batching, burst, "batching")), asyncio.run(drive(serial, burst, "one-at-a-time"))
 
 
 def _row(s: Summary) -> str:
-    return (f"{s.label:<20} {s.completed:>3}/{s.requests:<3} {s.ttft_p50 * 1e3:>7.0f} {s.ttft_p99 * 1e3:>6.0f} "
-            f"{s.tpot_p50 * 1e3:>7.1f} {s.tpot_p99 * 1e3:>6.1f} {s.itl_p99 * 1e3:>6.1f} {s.throughput:>8.1f} "
-            f"{s.goodput:>6.2f} {s.attainment:>5.0%} {s.decode_steps_with_prefill:>5}/{s.decode_steps:<5} "
-            f"{s.fallbacks:>3}  {' '.join(f'{k}:{v}' for k, v in sorted(s.routes.items()))}")
+    return (
+        f"{s.label:<20} {s.completed:>3}/{s.requests:<3} {s.ttft_p50 * 1e3:>7.0f} {s.ttft_p99 * 1e3:>6.0f} "
+        f"{s.tpot_p50 * 1e3:>7.1f} {s.tpot_p99 * 1e3:>6.1f} {s.itl_p99 * 1e3:>6.1f} {s.throughput:>8.1f} "
+        f"{s.goodput:>6.2f} {s.attainment:>5.0%} {s.decode_steps_with_prefill:>5}/{s.decode_steps:<5} "
+        f"{s.fallbacks:>3}  {' '.join(f'{k}:{v}' for k, v in sorted(s.routes.items()))}"
+    )
 
 
-HEAD = (f"{'run':<20} {'done':>7} {'TTFT p50':>7} {'p99':>6} {'TPOT p50':>7} {'p99':>6} {'ITL p99':>6} "
-        f"{'out tok/s':>8} {'good/s':>6} {'SLO':>5} {'prefill-shared':>11} {'fb':>3}  routes")
+HEAD = (
+    f"{'run':<20} {'done':>7} {'TTFT p50':>7} {'p99':>6} {'TPOT p50':>7} {'p99':>6} {'ITL p99':>6} "
+    f"{'out tok/s':>8} {'good/s':>6} {'SLO':>5} {'prefill-shared':>11} {'fb':>3}  routes"
+)
 
 
-def _report(runs: dict, rates: dict, workloads: list[str], scenarios: list[str], slo: SLO,
-            serial: tuple[Run, Run] | None) -> dict:
+def _report(
+    runs: dict, rates: dict, workloads: list[str], scenarios: list[str], slo: SLO, serial: tuple[Run, Run] | None
+) -> dict:
     out: dict = {"slo": asdict(slo), "runs": {}}
-    print(f"\nSLO: TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s * 1e3:g} ms; times in ms; prefill-shared = decode "
-          f"steps whose batch also computed prompt tokens / all decode steps\n{HEAD}\n{'-' * len(HEAD)}")
+    print(
+        f"\nSLO: TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s * 1e3:g} ms; times in ms; prefill-shared = decode "
+        f"steps whose batch also computed prompt tokens / all decode steps\n{HEAD}\n{'-' * len(HEAD)}"
+    )
     for (w, sc, rate), r in runs.items():
         s = summarize(r, slo)
         out["runs"][f"{w}/{sc}@{rate:g}"] = {**asdict(s), "goodput": s.goodput, "throughput": s.throughput}
@@ -198,8 +258,10 @@ def _report(runs: dict, rates: dict, workloads: list[str], scenarios: list[str],
         if ("chat", sc, rates.get("chat")) in runs:
             n, prompt, cached = follow_up_hits(runs[("chat", sc, rates["chat"])])
             if n:
-                print(f"chat/{sc}: {n} follow-up turns found {cached}/{prompt} prompt tokens ({cached / prompt:.0%}) "
-                      f"of their history in kvstore")
+                print(
+                    f"chat/{sc}: {n} follow-up turns found {cached}/{prompt} prompt tokens ({cached / prompt:.0%}) "
+                    f"of their history in kvstore"
+                )
     if ("mixed", "hybrid", rates.get("mixed")) in runs:
         _explain_routes(runs[("mixed", "hybrid", rates["mixed"])])
     out["targets"] = _targets(runs, rates, scenarios, slo, serial)
@@ -217,43 +279,59 @@ def _explain_routes(run: Run) -> None:
         kinds = " ".join(f"{k}:{sum(o.kind == k for o in outs)}" for k in sorted({o.kind for o in outs}))
         line = f"  {key:<16} {len(outs):>3}  ({kinds})"
         if est:
-            ms = {attr: sum(getattr(r, attr) for r in est) / len(est) * 1e3
-                  for attr in ("est_transfer_s", "est_saved_s", "est_queue_saved_s", "est_interference_saved_s")}
-            line += (f"  transfer {ms['est_transfer_s']:.1f} ms vs saved {ms['est_saved_s']:.1f} ms (queue "
-                     f"{ms['est_queue_saved_s']:.1f}, interference {ms['est_interference_saved_s']:.1f})")
+            ms = {
+                attr: sum(getattr(r, attr) for r in est) / len(est) * 1e3
+                for attr in ("est_transfer_s", "est_saved_s", "est_queue_saved_s", "est_interference_saved_s")
+            }
+            line += (
+                f"  transfer {ms['est_transfer_s']:.1f} ms vs saved {ms['est_saved_s']:.1f} ms (queue "
+                f"{ms['est_queue_saved_s']:.1f}, interference {ms['est_interference_saved_s']:.1f})"
+            )
         print(line)
 
 
 def _targets(runs: dict, rates: dict, scenarios: list[str], slo: SLO, serial: tuple[Run, Run] | None) -> dict:
     print("\ntargets (ratios within this run):")
     found: dict = {}
-    mixed = {sc: summarize(runs[("mixed", sc, rates["mixed"])], slo) for sc in scenarios
-             if ("mixed", sc, rates.get("mixed")) in runs}
+    mixed = {
+        sc: summarize(runs[("mixed", sc, rates["mixed"])], slo)
+        for sc in scenarios
+        if ("mixed", sc, rates.get("mixed")) in runs
+    }
     if {"pd", "colocated"} <= set(mixed):
         pd, co = mixed["pd"], mixed["colocated"]
         found["pd_tpot_p99_over_colocated"] = ratio = pd.tpot_p99 / co.tpot_p99
         found["pd_itl_p99_over_colocated"] = itl = pd.itl_p99 / co.itl_p99
-        print(f"  mixed: PD TPOT p99 / colocated = {ratio:.2f} (target <= 0.5: {_yes(ratio <= 0.5)}); ITL p99 "
-              f"{itl:.2f}; decode steps sharing a batch with a prefill: colocated {co.shared_share:.1%} "
-              f"(~{co.prefill_tokens_per_shared_step:.0f} prompt tokens each), PD {pd.shared_share:.1%} "
-              f"(~{pd.prefill_tokens_per_shared_step:.0f})")
+        print(
+            f"  mixed: PD TPOT p99 / colocated = {ratio:.2f} (target <= 0.5: {_yes(ratio <= 0.5)}); ITL p99 "
+            f"{itl:.2f}; decode steps sharing a batch with a prefill: colocated {co.shared_share:.1%} "
+            f"(~{co.prefill_tokens_per_shared_step:.0f} prompt tokens each), PD {pd.shared_share:.1%} "
+            f"(~{pd.prefill_tokens_per_shared_step:.0f})"
+        )
     if {"pd", "colocated", "hybrid"} <= set(mixed):
         hy = mixed["hybrid"]
         found["hybrid_goodput"] = {sc: mixed[sc].goodput for sc in ("colocated", "pd", "hybrid")}
         ok = hy.goodput >= max(mixed["pd"].goodput, mixed["colocated"].goodput)
-        print(f"  mixed: goodput hybrid {hy.goodput:.2f} vs PD {mixed['pd'].goodput:.2f}, colocated "
-              f"{mixed['colocated'].goodput:.2f} req/s (target hybrid >= both: {_yes(ok)})")
+        print(
+            f"  mixed: goodput hybrid {hy.goodput:.2f} vs PD {mixed['pd'].goodput:.2f}, colocated "
+            f"{mixed['colocated'].goodput:.2f} req/s (target hybrid >= both: {_yes(ok)})"
+        )
         chat = {sc: summarize(runs[("mixed", sc, rates["mixed"])], slo, {"chat"}) for sc in ("pd", "hybrid")}
         found["chat_ttft_mean"] = {sc: c.ttft_mean for sc, c in chat.items()}
-        print(f"  mixed: chat TTFT mean {chat['hybrid'].ttft_mean * 1e3:.0f} ms (p50 {chat['hybrid'].ttft_p50 * 1e3:.0f}, "
-              f"p99 {chat['hybrid'].ttft_p99 * 1e3:.0f}) under hybrid vs {chat['pd'].ttft_mean * 1e3:.0f} ms (p50 "
-              f"{chat['pd'].ttft_p50 * 1e3:.0f}, p99 {chat['pd'].ttft_p99 * 1e3:.0f}) under PD (target hybrid <= PD: "
-              f"{_yes(chat['hybrid'].ttft_mean <= chat['pd'].ttft_mean)})")
+        print(
+            f"  mixed: chat TTFT mean {chat['hybrid'].ttft_mean * 1e3:.0f} ms "
+            f"(p50 {chat['hybrid'].ttft_p50 * 1e3:.0f}, "
+            f"p99 {chat['hybrid'].ttft_p99 * 1e3:.0f}) under hybrid vs {chat['pd'].ttft_mean * 1e3:.0f} ms (p50 "
+            f"{chat['pd'].ttft_p50 * 1e3:.0f}, p99 {chat['pd'].ttft_p99 * 1e3:.0f}) under PD (target hybrid <= PD: "
+            f"{_yes(chat['hybrid'].ttft_mean <= chat['pd'].ttft_mean)})"
+        )
     if serial is not None:
         batched, alone = (summarize(r, slo) for r in serial)
         found["batching_over_serial"] = speedup = batched.throughput / alone.throughput
-        print(f"  code, burst of {batched.requests}: continuous batching {batched.throughput:.0f} out tok/s vs one at a "
-              f"time {alone.throughput:.0f} = {speedup:.1f}x (target >= 3: {_yes(speedup >= 3)})")
+        print(
+            f"  code, burst of {batched.requests}: continuous batching {batched.throughput:.0f} out tok/s vs one at a "
+            f"time {alone.throughput:.0f} = {speedup:.1f}x (target >= 3: {_yes(speedup >= 3)})"
+        )
     return found
 
 
@@ -262,8 +340,9 @@ def _yes(ok: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvstore demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="kvstore demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

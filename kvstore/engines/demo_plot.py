@@ -10,8 +10,13 @@ from kvstore.engines.loadgen import Run
 COLORS = {"colocated": "tab:red", "pd": "tab:blue", "hybrid": "tab:green", "pd-failures": "tab:gray"}
 
 
-def plot(runs: dict[tuple[str, str, float], Run], rates: dict[str, float], slo: SLO,
-         serial: tuple[Run, Run] | None, path: str) -> None:
+def plot(
+    runs: dict[tuple[str, str, float], Run],
+    rates: dict[str, float],
+    slo: SLO,
+    serial: tuple[Run, Run] | None,
+    path: str,
+) -> None:
     """Write the PNG to `path` (matplotlib, headless)."""
     import matplotlib
 
@@ -32,9 +37,13 @@ def plot(runs: dict[tuple[str, str, float], Run], rates: dict[str, float], slo: 
             gaps = sorted(g * 1e3 for o in run.outcomes if o.ok and o.record for g in o.record.itl_s)
             if gaps:
                 s = summarize(run, slo)
-                ax.step(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], where="post",
-                        color=COLORS.get(scenario), label=f"{scenario}: TPOT p99 {s.tpot_p99 * 1e3:.0f} ms, "
-                                                          f"{s.shared_share:.0%} steps with prefill")
+                ax.step(
+                    gaps,
+                    [(i + 1) / len(gaps) for i in range(len(gaps))],
+                    where="post",
+                    color=COLORS.get(scenario),
+                    label=f"{scenario}: TPOT p99 {s.tpot_p99 * 1e3:.0f} ms, {s.shared_share:.0%} steps with prefill",
+                )
         ax.axvline(slo.tpot_s * 1e3, color="k", ls=":", lw=1)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -46,8 +55,11 @@ def plot(runs: dict[tuple[str, str, float], Run], rates: dict[str, float], slo: 
         ax.legend(fontsize=7, loc="lower right")
     ax = flat[len(workloads)]
     for scenario in dict.fromkeys(sc for w, sc, _ in runs if w == "mixed"):
-        points = sorted((rate, summarize(run, slo).goodput) for (w, sc, rate), run in runs.items()
-                        if w == "mixed" and sc == scenario)
+        points = sorted(
+            (rate, summarize(run, slo).goodput)
+            for (w, sc, rate), run in runs.items()
+            if w == "mixed" and sc == scenario
+        )
         ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=COLORS.get(scenario), label=scenario)
     ax.set_xlabel("offered load (req/s)")
     ax.set_ylabel("goodput (req/s within both SLOs)")

@@ -16,9 +16,10 @@ import bisect
 import heapq
 import itertools
 import random
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Sequence as Seq
 
 from kvstore.engines.metrics import RequestMetrics
 from kvstore.engines.reference.scheduler import Batch, Scheduler, SchedulerConfig
@@ -69,7 +70,7 @@ class FleetLoad:
 @dataclass
 class FleetRun:
     ttft_s: list[float] = field(default_factory=list)
-    tpot_s: list[float] = field(default_factory=list)           # per request, aligned with ttft_s
+    tpot_s: list[float] = field(default_factory=list)  # per request, aligned with ttft_s
 
     def attainment(self, ttft_slo_s: float, tpot_slo_s: float) -> float:
         """Share of requests meeting both objectives."""
@@ -126,9 +127,15 @@ class _NoSink:
         pass
 
 
-def simulate_fleet(prefill: int, decode: int, load: FleetLoad, cost: StepCost,
-                   batching: SchedulerConfig | None = None, block_size: int = 16,
-                   cache_blocks: int = 1 << 20) -> FleetRun:
+def simulate_fleet(
+    prefill: int,
+    decode: int,
+    load: FleetLoad,
+    cost: StepCost,
+    batching: SchedulerConfig | None = None,
+    block_size: int = 16,
+    cache_blocks: int = 1 << 20,
+) -> FleetRun:
     """Replay `load` through `prefill` + `decode` instances; every request completes."""
     if prefill < 1 or decode < 1:
         raise ValueError("a PD fleet needs at least one prefill and one decode instance")
@@ -148,7 +155,7 @@ def simulate_fleet(prefill: int, decode: int, load: FleetLoad, cost: StepCost,
     def start(inst: _Instance, now: float) -> None:
         while not inst.busy and inst.scheduler.has_work():
             batch = inst.scheduler.schedule()
-            for seq in batch.loads:                       # the hand-off's KV: there at once
+            for seq in batch.loads:  # the hand-off's KV: there at once
                 inst.scheduler.loaded(seq, seq.to_load)
             if batch.chunks:
                 inst.busy = True
@@ -176,7 +183,7 @@ def simulate_fleet(prefill: int, decode: int, load: FleetLoad, cost: StepCost,
             if not seq.finished:
                 continue
             inst.scheduler.finish(seq)
-            if inst in prefills:                          # hand the prompt's full blocks over
+            if inst in prefills:  # hand the prompt's full blocks over
                 target = min(decodes, key=lambda d: d.sequences)
                 handed = _sequence(seq.request, load.output_tokens)
                 handed.to_load = (len(seq.request.prompt) - 1) // block_size

@@ -11,8 +11,8 @@ token meets any TPOT objective.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from kvstore.engines.loadgen import Outcome, Run
 
@@ -27,8 +27,9 @@ class SLO:
             raise ValueError("SLOs must be positive")
 
     def met(self, o: Outcome) -> bool:
-        return (o.ok and o.ttft_s is not None and o.ttft_s <= self.ttft_s
-                and (o.tpot_s is None or o.tpot_s <= self.tpot_s))
+        return (
+            o.ok and o.ttft_s is not None and o.ttft_s <= self.ttft_s and (o.tpot_s is None or o.tpot_s <= self.tpot_s)
+        )
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -59,8 +60,8 @@ class Summary:
     decode_steps_prefill_tokens: int
     fallbacks: int
     preemptions: int
-    routes: dict[str, int]                  # route -> requests
-    rules: dict[str, int]                   # "route/rule" -> requests: why each route was taken
+    routes: dict[str, int]  # route -> requests
+    rules: dict[str, int]  # "route/rule" -> requests: why each route was taken
 
     @property
     def throughput(self) -> float:
@@ -79,7 +80,9 @@ class Summary:
     @property
     def prefill_tokens_per_shared_step(self) -> float:
         """Prompt tokens a decode step shared its batch with, on average over the shared steps."""
-        return self.decode_steps_prefill_tokens / self.decode_steps_with_prefill if self.decode_steps_with_prefill else 0.0
+        return (
+            self.decode_steps_prefill_tokens / self.decode_steps_with_prefill if self.decode_steps_with_prefill else 0.0
+        )
 
     @property
     def shared_share(self) -> float:
@@ -97,14 +100,27 @@ def summarize(run: Run, slo: SLO, kinds: set[str] | None = None) -> Summary:
     tpot = [r.tpot_s for _, r in ok if r.tpot_s is not None]
     itl = [gap for _, r in ok for gap in r.itl_s]
     return Summary(
-        run.label, len(chosen), len(ok), run.wall_s,
-        sum(ttft) / len(ttft) if ttft else float("nan"), percentile(ttft, .5), percentile(ttft, .99),
-        percentile(tpot, .5), percentile(tpot, .99), percentile(itl, .5), percentile(itl, .99),
-        sum(len(o.output) for o, _ in ok), sum(slo.met(o) for o in chosen),
-        sum(r.decode_steps for r in records), sum(r.decode_steps_with_prefill for r in records),
+        run.label,
+        len(chosen),
+        len(ok),
+        run.wall_s,
+        sum(ttft) / len(ttft) if ttft else float("nan"),
+        percentile(ttft, 0.5),
+        percentile(ttft, 0.99),
+        percentile(tpot, 0.5),
+        percentile(tpot, 0.99),
+        percentile(itl, 0.5),
+        percentile(itl, 0.99),
+        sum(len(o.output) for o, _ in ok),
+        sum(slo.met(o) for o in chosen),
+        sum(r.decode_steps for r in records),
+        sum(r.decode_steps_with_prefill for r in records),
         sum(r.decode_steps_prefill_tokens for r in records),
-        sum(1 for r in records if r.fallback), sum(r.preemptions for r in records),
-        dict(Counter(r.route for r in records)), dict(Counter(f"{r.route}/{r.route_rule or '-'}" for r in records)))
+        sum(1 for r in records if r.fallback),
+        sum(r.preemptions for r in records),
+        dict(Counter(r.route for r in records)),
+        dict(Counter(f"{r.route}/{r.route_rule or '-'}" for r in records)),
+    )
 
 
 def follow_up_hits(run: Run) -> tuple[int, int, int]:

@@ -39,7 +39,7 @@ class KeyScheme:
     all fields; `fingerprint` is what they compare."""
 
     model: str
-    layout: str                      # dtype, block size, cache shape and object granularity
+    layout: str  # dtype, block size, cache shape and object granularity
     block_size: int
     tenant: str = "default"
     seed: int = 0
@@ -69,8 +69,7 @@ class KeyScheme:
     def full_blocks(self, num_tokens: int) -> int:
         return num_tokens // self.block_size
 
-    def block_hashes(self, tokens: Sequence[int], extra: bytes = b"",
-                     parent: bytes | None = None) -> list[bytes]:
+    def block_hashes(self, tokens: Sequence[int], extra: bytes = b"", parent: bytes | None = None) -> list[bytes]:
         """The chained hash of every full block of `tokens`; `extra` (adapter id, image hashes, ...)
         enters every block's hash."""
         return blockhash.chain(tokens, self.block_size, self.seed, extra, parent)
@@ -105,6 +104,12 @@ class KeyScheme:
         return f"{self.namespace}/scheme"
 
     def describe(self) -> bytes:
-        return json.dumps({"hash": HASH_VERSION, "namespace": self.namespace,
-                           "block_size": self.block_size, "fingerprint": self.fingerprint},
-                          sort_keys=True).encode()
+        return json.dumps(
+            {
+                "hash": HASH_VERSION,
+                "namespace": self.namespace,
+                "block_size": self.block_size,
+                "fingerprint": self.fingerprint,
+            },
+            sort_keys=True,
+        ).encode()

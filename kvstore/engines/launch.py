@@ -14,8 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 READY = re.compile(r"kvstore ready: (.*)")
 
@@ -54,12 +54,17 @@ class Managed:
                 self.kill()
 
 
-def launch(name: str, module_args: Sequence[str], timeout: float = 120.0,
-           env: dict[str, str] | None = None, echo: bool = False) -> Managed:
+def launch(
+    name: str, module_args: Sequence[str], timeout: float = 120.0, env: dict[str, str] | None = None, echo: bool = False
+) -> Managed:
     """Run `python -m MODULE_ARGS...` and return once it prints `kvstore ready: ...`."""
-    popen = subprocess.Popen([sys.executable, "-m", *module_args], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+    popen = subprocess.Popen(
+        [sys.executable, "-m", *module_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+    )
     proc = Managed(name, popen)
     lines: queue.Queue[str | None] = queue.Queue()
 
@@ -93,7 +98,7 @@ class Fleet:
         self.procs: list[Managed] = []
         self.echo = echo
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -108,21 +113,37 @@ class Fleet:
         # shm and tcp are the transports every install has; optional ones come from `extra`. No
         # SSD tier unless `extra` names one: the default directory is shared by every run on the
         # host, and KV it kept from an earlier run would turn this run's misses into hits.
-        proc = self.add("store", ["kvstore.cli", "serve", "--port", "0", "--dram", dram,
-                                  "--transports", "shm,tcp", "--ssd-dir", "", *extra])
+        proc = self.add(
+            "store",
+            ["kvstore.cli", "serve", "--port", "0", "--dram", dram, "--transports", "shm,tcp", "--ssd-dir", "", *extra],
+        )
         return proc, proc.field("meta")
 
-    def engine(self, role: str, meta: str | None = None, *extra: str, name: str | None = None,
-               env: dict[str, str] | None = None) -> tuple[Managed, str]:
+    def engine(
+        self,
+        role: str,
+        meta: str | None = None,
+        *extra: str,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> tuple[Managed, str]:
         args = ["kvstore.engines.reference", "--role", role, "--port", "0", *extra]
         if meta:
             args += ["--meta", meta]
         proc = self.add(name or role, args, env=env)
         return proc, proc.field("engine")
 
-    def router(self, prefill: Sequence[str] = (), decode: Sequence[str] = (), colocated: Sequence[str] = (),
-               meta: str | None = None, *extra: str, name: str = "router",
-               timeout: float = 120.0, env: dict[str, str] | None = None) -> tuple[Managed, str]:
+    def router(
+        self,
+        prefill: Sequence[str] = (),
+        decode: Sequence[str] = (),
+        colocated: Sequence[str] = (),
+        meta: str | None = None,
+        *extra: str,
+        name: str = "router",
+        timeout: float = 120.0,
+        env: dict[str, str] | None = None,
+    ) -> tuple[Managed, str]:
         args = ["kvstore.engines.router", "--port", "0", *extra]
         for flag, urls in (("--prefill", prefill), ("--decode", decode), ("--colocated", colocated)):
             for url in urls:

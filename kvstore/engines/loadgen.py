@@ -24,12 +24,12 @@ from kvstore.engines.workload import WorkItem
 class Outcome:
     index: int
     kind: str
-    ok: bool                                # every token it asked for arrived, no error
-    sent_s: float                           # from the start of the run
-    prompt_tokens: int                      # history included
-    follows: int | None = None              # the turn it follows (a chat follow-up)
+    ok: bool  # every token it asked for arrived, no error
+    sent_s: float  # from the start of the run
+    prompt_tokens: int  # history included
+    follows: int | None = None  # the turn it follows (a chat follow-up)
     output: list[int] = field(default_factory=list)
-    record: RequestMetrics | None = None    # what the router (or instance) measured
+    record: RequestMetrics | None = None  # what the router (or instance) measured
     error: str | None = None
 
     @property
@@ -45,17 +45,19 @@ class Outcome:
 class Run:
     label: str
     outcomes: list[Outcome]
-    wall_s: float                           # first send to last answer
+    wall_s: float  # first send to last answer
 
 
-async def _one(http: httpx.AsyncClient, url: str, index: int, item: WorkItem, prompt: list[int],
-               start: float) -> Outcome:
+async def _one(
+    http: httpx.AsyncClient, url: str, index: int, item: WorkItem, prompt: list[int], start: float
+) -> Outcome:
     sent = time.perf_counter()
     out = Outcome(index, item.kind, False, sent - start, len(prompt), item.follows)
     record: dict = {}
     try:
-        async with http.stream("POST", f"{url}/v1/completions", json={
-                "prompt": prompt, "max_tokens": item.max_tokens, "stream": True}) as resp:
+        async with http.stream(
+            "POST", f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": item.max_tokens, "stream": True}
+        ) as resp:
             if resp.status_code != 200:
                 await resp.aread()
                 out.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
@@ -83,8 +85,10 @@ async def drive(url: str, items: list[WorkItem], label: str, timeout_s: float = 
     tty = sys.stdout.isatty()
     start = time.perf_counter()
     done = 0
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0),
-                                 limits=httpx.Limits(max_connections=512)) as http:
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=10.0), limits=httpx.Limits(max_connections=512)
+    ) as http:
+
         async def fire(i: int, item: WorkItem) -> None:
             nonlocal done
             await asyncio.sleep(max(0.0, item.at_s - (time.perf_counter() - start)))
@@ -95,8 +99,10 @@ async def drive(url: str, items: list[WorkItem], label: str, timeout_s: float = 
             outcomes[i] = await _one(http, url, i, item, history + list(item.prompt), start)
             answered[i].set()
             done += 1
-            line = (f"  {label:<18} {done:>3}/{len(items)} done, "
-                    f"{sum(not o.ok for o in outcomes if o)} failed, {time.perf_counter() - start:5.1f}s")
+            line = (
+                f"  {label:<18} {done:>3}/{len(items)} done, "
+                f"{sum(not o.ok for o in outcomes if o)} failed, {time.perf_counter() - start:5.1f}s"
+            )
             if tty:
                 print("\r" + line, end="", flush=True)
             elif done % max(1, len(items) // 4) == 0 or done == len(items):

@@ -36,7 +36,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class FleetWorkload:
-    request_rate: float                 # requests/s
+    request_rate: float  # requests/s
     input_tokens: int
     output_tokens: int
 
@@ -49,7 +49,7 @@ class FleetWorkload:
 class Objectives:
     ttft_s: float
     tpot_s: float
-    attainment: float = 0.9             # share of requests that must meet both
+    attainment: float = 0.9  # share of requests that must meet both
 
     def __post_init__(self) -> None:
         if self.ttft_s <= 0 or self.tpot_s <= 0 or not 0 < self.attainment < 1:
@@ -61,12 +61,12 @@ class MeasuredPlan:
     workload: FleetWorkload
     slo: Objectives
     cost: StepCost
-    batch: int                          # B*
-    prefill_base: int                   # ceil(input token rate / prefill tokens/s)
-    decode_base: int                    # ceil(output token rate / decode tokens/s at B*)
+    batch: int  # B*
+    prefill_base: int  # ceil(input token rate / prefill tokens/s)
+    decode_base: int  # ceil(output token rate / decode tokens/s at B*)
     prefill_instances: int
     decode_instances: int
-    ttft_estimate_s: float              # at the attainment quantile, with prefill_instances
+    ttft_estimate_s: float  # at the attainment quantile, with prefill_instances
     source: str = "given"
 
     @property
@@ -94,15 +94,23 @@ def prefill_wait_s(servers: int, rate: float, service_s: float, quantile: float)
     return 0.5 * math.log(waits / (1 - quantile)) / (servers / service_s - rate)
 
 
-def size_fleet(workload: FleetWorkload, slo: Objectives, cost: StepCost, max_batch: int,
-               decode_utilization: float = 0.95, source: str = "given") -> MeasuredPlan:
+def size_fleet(
+    workload: FleetWorkload,
+    slo: Objectives,
+    cost: StepCost,
+    max_batch: int,
+    decode_utilization: float = 0.95,
+    source: str = "given",
+) -> MeasuredPlan:
     """The planned counts (module docstring). Raises PlanError if no fleet can meet the SLOs."""
     if not 0 < decode_utilization <= 1:
         raise ValueError("decode utilization must be in (0, 1]")
     fits = [b for b in range(1, max_batch + 1) if cost.decode_step_s(b) <= slo.tpot_s]
     if not fits:
-        raise PlanError(f"one stream's decode step takes {cost.decode_step_s(1) * 1e3:.1f} ms: "
-                        f"over the {slo.tpot_s * 1e3:g} ms TPOT SLO")
+        raise PlanError(
+            f"one stream's decode step takes {cost.decode_step_s(1) * 1e3:.1f} ms: "
+            f"over the {slo.tpot_s * 1e3:g} ms TPOT SLO"
+        )
     batch = max(fits)
     decode_tps = batch / cost.decode_step_s(batch)
     output_rate = workload.request_rate * workload.output_tokens
@@ -111,8 +119,10 @@ def size_fleet(workload: FleetWorkload, slo: Objectives, cost: StepCost, max_bat
     service = workload.input_tokens / cost.prefill_tps
     fixed = service + 2 * cost.decode_step_s(batch)
     if fixed > slo.ttft_s:
-        raise PlanError(f"a prompt of {workload.input_tokens} tokens takes {service:.2f} s to prefill: "
-                        f"over the {slo.ttft_s:g} s TTFT SLO")
+        raise PlanError(
+            f"a prompt of {workload.input_tokens} tokens takes {service:.2f} s to prefill: "
+            f"over the {slo.ttft_s:g} s TTFT SLO"
+        )
     prefill_base = prefill = math.ceil(workload.request_rate * service)
     while fixed + prefill_wait_s(prefill, workload.request_rate, service, slo.attainment) > slo.ttft_s:
         prefill += 1
@@ -120,21 +130,30 @@ def size_fleet(workload: FleetWorkload, slo: Objectives, cost: StepCost, max_bat
     return MeasuredPlan(workload, slo, cost, batch, prefill_base, decode_base, prefill, decode, ttft, source)
 
 
-def check(plan: MeasuredPlan, requests: int = 2000, seed: int = 0,
-          batching: SchedulerConfig | None = None) -> dict[tuple[int, int], float]:
+def check(
+    plan: MeasuredPlan, requests: int = 2000, seed: int = 0, batching: SchedulerConfig | None = None
+) -> dict[tuple[int, int], float]:
     """SLO attainment, simulated at the plan's rate, of the planned fleet and of one instance
     fewer of each kind: {(prefill, decode): attainment}."""
     w, p, d = plan.workload, plan.prefill_instances, plan.decode_instances
     load = FleetLoad(w.request_rate, w.input_tokens, w.output_tokens, requests, seed)
     fleets = [(p, d)] + [f for f in ((p - 1, d), (p, d - 1)) if min(f) >= 1]
-    return {f: simulate_fleet(*f, load, plan.cost, batching).attainment(plan.slo.ttft_s, plan.slo.tpot_s)
-            for f in fleets}
+    return {
+        f: simulate_fleet(*f, load, plan.cost, batching).attainment(plan.slo.ttft_s, plan.slo.tpot_s) for f in fleets
+    }
 
 
 # -- measuring ---------------------------------------------------------------------------------
 
-def measure_in_process(input_tokens: int, output_tokens: int, batches: list[int], steps: int = 6,
-                       batching: SchedulerConfig | None = None, threads: int = 1) -> StepCost:
+
+def measure_in_process(
+    input_tokens: int,
+    output_tokens: int,
+    batches: list[int],
+    steps: int = 6,
+    batching: SchedulerConfig | None = None,
+    threads: int = 1,
+) -> StepCost:
     """Prefill throughput through a reference engine (chunked as it serves), and the model's
     decode step time for each batch size over the paged cache, every sequence at the same
     context (one prompt's blocks shared, the new tokens in blocks of their own). With `threads`
@@ -149,8 +168,9 @@ def measure_in_process(input_tokens: int, output_tokens: int, batches: list[int]
         torch.set_num_threads(before)
 
 
-def _measure(input_tokens: int, output_tokens: int, batches: list[int], steps: int,
-             batching: SchedulerConfig) -> StepCost:
+def _measure(
+    input_tokens: int, output_tokens: int, batches: list[int], steps: int, batching: SchedulerConfig
+) -> StepCost:
     import torch
 
     from kvstore.engines.reference.engine import EngineConfig, GenerationRequest, ReferenceEngine
@@ -163,8 +183,12 @@ def _measure(input_tokens: int, output_tokens: int, batches: list[int], steps: i
     bs = 16
     context = max(bs, (input_tokens + output_tokens // 2) // bs * bs)
     own = -(-(steps + 1) // bs)
-    engine = ReferenceEngine(model, EngineConfig(block_size=bs, batching=batching,
-                                                 cache_blocks=context // bs + max(batches) * own + input_tokens // bs + 4))
+    engine = ReferenceEngine(
+        model,
+        EngineConfig(
+            block_size=bs, batching=batching, cache_blocks=context // bs + max(batches) * own + input_tokens // bs + 4
+        ),
+    )
     engine.generate(GenerationRequest("warm", prompt[:64], 1), lambda t: None)
     rates = []
     for i in range(2):
@@ -174,7 +198,7 @@ def _measure(input_tokens: int, output_tokens: int, batches: list[int], steps: i
     shared = cache.allocate(context // bs)
     long_prompt = (prompt * (context // len(prompt) + 1))[:context]
     for start in range(0, context, batching.max_batch_tokens):
-        model.forward_batch([Chunk(long_prompt[start:start + batching.max_batch_tokens], start, shared)], cache)
+        model.forward_batch([Chunk(long_prompt[start : start + batching.max_batch_tokens], start, shared)], cache)
     table = []
     for batch in batches:
         tables = [shared + cache.allocate(own) for _ in range(batch)]
@@ -185,7 +209,7 @@ def _measure(input_tokens: int, output_tokens: int, batches: list[int], steps: i
             times.append(time.perf_counter() - begin)
         table.append((batch, statistics.median(times[1:] or times)))
         for t in tables:
-            cache.free(t[len(shared):])
+            cache.free(t[len(shared) :])
     return StepCost(statistics.median(rates), tuple(table))
 
 
@@ -210,7 +234,7 @@ def measure_instance(url: str, input_tokens: int, output_tokens: int, batches: l
     async def main() -> StepCost:
         async with httpx.AsyncClient(timeout=600) as http:
             rates = []
-            for i in range(3):
+            for _ in range(3):
                 m = await complete(http, [rng.randrange(256) for _ in range(input_tokens)], 1)
                 rates.append(m["prefill_tokens"] / m["prefill_compute_s"])
             await complete(http, prompt, 1)
@@ -225,6 +249,7 @@ def measure_instance(url: str, input_tokens: int, output_tokens: int, batches: l
 
 # -- the command -------------------------------------------------------------------------------
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("--measure", "size a PD fleet from measurements of the reference engine")
     g.add_argument("--instance", default=None, help="measure this running reference engine (URL) instead")
@@ -232,8 +257,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT objective, seconds")
     g.add_argument("--slo-tpot", type=float, default=0.025, help="TPOT objective, seconds")
     g.add_argument("--slo-attainment", type=float, default=0.9, help="share of requests that must meet both")
-    g.add_argument("--decode-utilization", type=float, default=0.95,
-                   help="share of the decode throughput at B* to plan for (headroom for bursts)")
+    g.add_argument(
+        "--decode-utilization",
+        type=float,
+        default=0.95,
+        help="share of the decode throughput at B* to plan for (headroom for bursts)",
+    )
     g.add_argument("--threads", type=int, default=1, help="torch threads while measuring in process")
     g.add_argument("--no-check", action="store_true", help="do not replay the plan in the fleet simulation")
 
@@ -247,32 +276,48 @@ def run(args: argparse.Namespace) -> int:
     workload = FleetWorkload(args.request_rate, args.input_tokens, args.output_tokens)
     slo = Objectives(args.slo_ttft, args.slo_tpot, args.slo_attainment)
     source = f"measured on {args.instance}" if args.instance else "measured on the reference engine (in process)"
-    cost = (measure_instance(args.instance, args.input_tokens, args.output_tokens, batches) if args.instance
-            else measure_in_process(args.input_tokens, args.output_tokens, batches, threads=args.threads))
+    cost = (
+        measure_instance(args.instance, args.input_tokens, args.output_tokens, batches)
+        if args.instance
+        else measure_in_process(args.input_tokens, args.output_tokens, batches, threads=args.threads)
+    )
     shape = model_from_args(args)
     print(f"model {shape.name}: KV per token {human_bytes(shape.kv_bytes_per_token)}")
-    print(f"{source}: prefill {cost.prefill_tps:,.0f} tok/s; decode step "
-          + ", ".join(f"B={b} {s * 1e3:.1f} ms ({b / s:,.0f} tok/s)" for b, s in cost.decode_steps))
+    print(
+        f"{source}: prefill {cost.prefill_tps:,.0f} tok/s; decode step "
+        + ", ".join(f"B={b} {s * 1e3:.1f} ms ({b / s:,.0f} tok/s)" for b, s in cost.decode_steps)
+    )
     try:
         plan = size_fleet(workload, slo, cost, max(batches), args.decode_utilization, source)
     except PlanError as exc:
         print(f"no fleet meets these SLOs: {exc}")
         return 1
     w = workload
-    print(f"workload: {w.request_rate:g} req/s x ({w.input_tokens} in + {w.output_tokens} out) = "
-          f"{w.request_rate * w.input_tokens:,.0f} input + {w.request_rate * w.output_tokens:,.0f} output tokens/s; "
-          f"SLO TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s * 1e3:g} ms for {slo.attainment:.0%} of requests")
-    print(f"  B* = {plan.batch} (step {cost.decode_step_s(plan.batch) * 1e3:.1f} ms <= TPOT SLO), decode "
-          f"{plan.decode_tps:,.0f} tok/s per instance")
-    print(f"  prefill instances {plan.prefill_instances}   (ceil({w.request_rate * w.input_tokens:,.0f} / "
-          f"{cost.prefill_tps:,.0f}) = {plan.prefill_base}, queue headroom +{plan.prefill_instances - plan.prefill_base}; "
-          f"TTFT at p{slo.attainment * 100:g} ~{plan.ttft_estimate_s:.2f} s)")
-    print(f"  decode instances  {plan.decode_instances}   (ceil({w.request_rate * w.output_tokens:,.0f} / "
-          f"{plan.decode_tps:,.0f}) = {plan.decode_base}, at {args.decode_utilization:.0%} utilization)")
+    print(
+        f"workload: {w.request_rate:g} req/s x ({w.input_tokens} in + {w.output_tokens} out) = "
+        f"{w.request_rate * w.input_tokens:,.0f} input + {w.request_rate * w.output_tokens:,.0f} output tokens/s; "
+        f"SLO TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s * 1e3:g} ms for {slo.attainment:.0%} of requests"
+    )
+    print(
+        f"  B* = {plan.batch} (step {cost.decode_step_s(plan.batch) * 1e3:.1f} ms <= TPOT SLO), decode "
+        f"{plan.decode_tps:,.0f} tok/s per instance"
+    )
+    print(
+        f"  prefill instances {plan.prefill_instances}   (ceil({w.request_rate * w.input_tokens:,.0f} / "
+        f"{cost.prefill_tps:,.0f}) = {plan.prefill_base}, "
+        f"queue headroom +{plan.prefill_instances - plan.prefill_base}; "
+        f"TTFT at p{slo.attainment * 100:g} ~{plan.ttft_estimate_s:.2f} s)"
+    )
+    print(
+        f"  decode instances  {plan.decode_instances}   (ceil({w.request_rate * w.output_tokens:,.0f} / "
+        f"{plan.decode_tps:,.0f}) = {plan.decode_base}, at {args.decode_utilization:.0%} utilization)"
+    )
     if not args.no_check:
         print("simulated at this rate (the engine's scheduler, these step times), share within both SLOs:")
         for (p, d), share in check(plan).items():
             tag = "planned" if (p, d) == (plan.prefill_instances, plan.decode_instances) else "one fewer"
-            print(f"  {p} prefill + {d} decode ({tag}): {share:.0%} "
-                  f"({'meets' if share >= slo.attainment else 'misses'} the {slo.attainment:.0%} objective)")
+            print(
+                f"  {p} prefill + {d} decode ({tag}): {share:.0%} "
+                f"({'meets' if share >= slo.attainment else 'misses'} the {slo.attainment:.0%} objective)"
+            )
     return 0

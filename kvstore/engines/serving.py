@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import uvicorn
 
@@ -31,8 +32,9 @@ class _AnnouncingServer(uvicorn.Server):
 def run_http(app: Any, host: str, port: int, on_ready: Callable[[str], None]) -> None:
     """Serve `app` until SIGINT/SIGTERM; `on_ready(url)` runs once the socket is listening
     (processes print their readiness line there, so parents never sleep)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+    )
     _AnnouncingServer(config, on_ready).run()
 
 

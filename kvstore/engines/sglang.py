@@ -10,10 +10,10 @@ SGLang names pages by chained SHA-256 hex; this backend puts them in the namespa
 kvstore.engines.keys.KeyScheme (tenant, model, and a layout of shard (TP/PP/CP rank) and the host
 pool's page layout), as every engine shim does, so instances that lay out pages differently never
 read each other's bytes. Settings (HiCacheConfig) are the extra config's keys, else
-$KVSTORE_SGLANG_<FIELD> ($KVSTORE_META for `meta`), read by kvstore.config.load_config. With `interface_v1` SGLang calls the zero-copy
-`batch_get_v1` / `batch_set_v1`: each page is moved straight between the host KV pool and the
-store as the pool's own buffer regions (K and V, or per layer), one object per region; otherwise
-`batch_get` / `batch_set` move one flat object per page.
+$KVSTORE_SGLANG_<FIELD> ($KVSTORE_META for `meta`), read by kvstore.config.load_config. With
+`interface_v1` SGLang calls the zero-copy `batch_get_v1` / `batch_set_v1`: each page is moved
+straight between the host KV pool and the store as the pool's own buffer regions (K and V, or per layer),
+one object per region; otherwise `batch_get` / `batch_set` move one flat object per page.
 
 Nothing raises into SGLang: a failed read is a miss (it recomputes), a failed write is reported as
 False. Built by SGLang as `KVStoreHiCacheStorage(storage_config, kwargs)`.
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, List, Optional
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -40,8 +39,9 @@ log = logging.getLogger("kvstore.engines.sglang")
 
 try:
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+
     SGLANG_BASE = True
-except ImportError:      # SGLang absent (it cannot be installed whole without CUDA): same interface
+except ImportError:  # SGLang absent (it cannot be installed whole without CUDA): same interface
     SGLANG_BASE = False
 
     class HiCacheStorage(ABC):  # type: ignore[no-redef]
@@ -54,19 +54,20 @@ except ImportError:      # SGLang absent (it cannot be installed whole without C
         def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any: ...
 
         @abstractmethod
-        def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None) -> Any: ...
+        def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> Any: ...
 
         @abstractmethod
         def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool: ...
 
         @abstractmethod
-        def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
-                      target_sizes: Any = None) -> bool: ...
+        def batch_set(
+            self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
+        ) -> bool: ...
 
         @abstractmethod
         def exists(self, key: str) -> bool: ...
 
-        def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
             for i, key in enumerate(keys):
                 if not self.exists(key):
                     return i
@@ -77,6 +78,7 @@ except ImportError:      # SGLang absent (it cannot be installed whole without C
 
         def get_stats(self) -> Any:
             return None
+
 
 _OWN_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}  # SGLang's own
 
@@ -94,20 +96,23 @@ class HiCacheConfig:
 
     def __post_init__(self) -> None:
         if not self.meta:
-            raise InvalidArgument("set \"meta\" in --hicache-storage-backend-extra-config (or $KVSTORE_META) "
-                                  "to the kvstore metadata service address")
+            raise InvalidArgument(
+                'set "meta" in --hicache-storage-backend-extra-config (or $KVSTORE_META) '
+                "to the kvstore metadata service address"
+            )
 
 
 class KVStoreHiCacheStorage(HiCacheStorage):
-    def __init__(self, storage_config: Any, kwargs: Optional[dict] = None) -> None:
+    def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
         extra = dict(getattr(storage_config, "extra_config", None) or {})
         try:
             config = load_config(HiCacheConfig, None, None, **{k: v for k, v in extra.items() if k not in _OWN_KEYS})
         except InvalidArgument as exc:
             raise InvalidArgument(f"kvstore HiCache backend: {exc}") from None
         self.zero_copy = bool(int(extra.get("interface_v1", 0)))
-        self.client = KVClient(config.meta, ClientConfig(timeout_s=config.timeout_s, transports=config.transports,
-                                                         token=config.token))
+        self.client = KVClient(
+            config.meta, ClientConfig(timeout_s=config.timeout_s, transports=config.transports, token=config.token)
+        )
         self._tenant = config.tenant
         self._model = str(getattr(storage_config, "model_name", None) or "model")
         self._shard = _shard(storage_config)
@@ -137,7 +142,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     def _key(self, key: str) -> str:
         return self._scheme.named(key)
 
-    def _part_keys(self, keys: List[str]) -> list[str]:
+    def _part_keys(self, keys: list[str]) -> list[str]:
         if not self.zero_copy:
             return [self._key(k) for k in keys]
         return [self._scheme.named(k, p) for k in keys for p in range(self._parts)]
@@ -147,7 +152,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
-    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """How many leading pages are stored whole: one MatchPrefix for the batch."""
         if not keys:
             return 0
@@ -162,8 +167,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]
 
-    def batch_get(self, keys: List[str], target_locations: Any = None,
-                  target_sizes: Any = None) -> List[torch.Tensor | None]:
+    def batch_get(
+        self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
+    ) -> list[torch.Tensor | None]:
         """Read each page into its target tensor (or a new uint8 tensor); None where it missed."""
         if not keys:
             return []
@@ -173,8 +179,10 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         try:
             if any(t is None for t in targets):
                 values = self.client.get_many([self._key(k) for k in keys])
-                targets = [t if t is not None else torch.frombuffer(bytearray(v), dtype=torch.uint8)
-                           for t, v in zip(targets, values)]
+                targets = [
+                    t if t is not None else torch.frombuffer(bytearray(v), dtype=torch.uint8)
+                    for t, v in zip(targets, values)
+                ]
                 results = [t.numel() * t.element_size() for t in targets]
             else:
                 results = self.client.get_many_into([self._key(k) for k in keys], targets, strict=False)
@@ -190,8 +198,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         return self.batch_set([key], [value])
 
-    def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
-                  target_sizes: Any = None) -> bool:
+    def batch_set(
+        self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
+    ) -> bool:
         """Store each page (a stored key keeps its first value: equal keys mean equal bytes)."""
         if not keys:
             return True
@@ -199,7 +208,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     # -- zero copy (interface_v1) ----------------------------------------------------------------
 
-    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None) -> List[bool]:
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Read pages straight into the host pool's memory at `host_indices` (page-aligned)."""
         if not keys:
             return []
@@ -211,24 +220,26 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             log.warning("kvstore HiCache backend: get of %d pages failed (%s)", len(keys), exc)
             return [False] * len(keys)
         ok = [not isinstance(r, KVStoreError) and r == len(b) for r, b in zip(results, buffers)]
-        pages = [all(ok[i * self._parts:(i + 1) * self._parts]) for i in range(len(keys))]
+        pages = [all(ok[i * self._parts : (i + 1) * self._parts]) for i in range(len(keys))]
         self.stats["get_hits"] += sum(pages)
         return pages
 
-    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None) -> List[bool]:
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Store pages straight from the host pool's memory at `host_indices`."""
         if not keys:
             return []
         ok = self._put(self._part_keys(keys), self._regions(host_indices), len(keys))
-        return [all(ok[i * self._parts:(i + 1) * self._parts]) for i in range(len(keys))]
+        return [all(ok[i * self._parts : (i + 1) * self._parts]) for i in range(len(keys))]
 
     def _regions(self, host_indices: torch.Tensor) -> list[memoryview]:
         """The host pool's memory for these pages, as writable views in object-key order."""
         if self.mem_pool_host is None:
             raise RuntimeError("kvstore HiCache backend: zero copy needs register_mem_pool_host first")
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        return [memoryview(np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(ptr)))
-                for ptr, size in zip(ptrs, sizes)]
+        return [
+            memoryview(np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(ptr)))
+            for ptr, size in zip(ptrs, sizes)
+        ]
 
     def _put(self, keys: list[str], values: list[Any], pages: int) -> list[bool]:
         self.stats["set_pages"] += pages
@@ -258,7 +269,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
 def _shard(cfg: Any) -> str:
     if getattr(cfg, "is_mla_model", False):
-        shard = "mla"                       # MLA KV is the same on every TP rank
+        shard = "mla"  # MLA KV is the same on every TP rank
     else:
         shard = f"tp{getattr(cfg, 'tp_rank', 0)}of{getattr(cfg, 'tp_size', 1)}"
     if getattr(cfg, "pp_size", 1) > 1:

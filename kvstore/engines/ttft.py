@@ -30,13 +30,13 @@ from kvstore.engines.reference.device_model import DeviceModel, new_planes
 @dataclass(frozen=True)
 class TtftResult:
     prompt_tokens: int
-    store: str                       # where the KV was (e.g. "dram tier over shm")
+    store: str  # where the KV was (e.g. "dram tier over shm")
     cached_tokens: int
     kv_bytes: int
-    prefill_s: float                 # the prefill instance's compute
+    prefill_s: float  # the prefill instance's compute
     save_s: float
     store_ttft_s: tuple[float, ...]  # per run: lookup + load + tail + first token
-    load_s: tuple[float, ...]        # per run: the lookup and load within it
+    load_s: tuple[float, ...]  # per run: the lookup and load within it
     recompute_ttft_s: tuple[float, ...]
     same_first_token: bool
     max_logit_diff: float
@@ -57,15 +57,25 @@ class TtftResult:
 
 
 def _ms_stats(xs: Sequence[float]) -> dict[str, float]:
-    return {"min": round(min(xs) * 1e3, 2), "median": round(statistics.median(xs) * 1e3, 2),
-            "max": round(max(xs) * 1e3, 2)}
+    return {
+        "min": round(min(xs) * 1e3, 2),
+        "median": round(statistics.median(xs) * 1e3, 2),
+        "max": round(max(xs) * 1e3, 2),
+    }
 
 
 class TtftBench:
     """Prefill and decode instances of one model against one store (a KVClient)."""
 
-    def __init__(self, model: DeviceModel, client: Any, store: str, block_size: int = 64,
-                 granularity: Granularity = Granularity.BLOCK, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: DeviceModel,
+        client: Any,
+        store: str,
+        block_size: int = 64,
+        granularity: Granularity = Granularity.BLOCK,
+        seed: int = 0,
+    ) -> None:
         self.model = model
         self.client = client
         self.store = store
@@ -83,10 +93,15 @@ class TtftBench:
         prompt = torch.randint(0, c.vocab_size, (prompt_tokens,), generator=gen).tolist()
         n_blocks = -(-prompt_tokens // bs) + 1
         prefill = new_planes(c, n_blocks, bs, device)
-        scheme = KeyScheme(model=f"{c.name}@{c.fingerprint}", layout=layout_name(prefill, self.granularity),
-                           block_size=bs, tenant=f"ttft-{self.store.split()[0]}", seed=self.seed)
+        scheme = KeyScheme(
+            model=f"{c.name}@{c.fingerprint}",
+            layout=layout_name(prefill, self.granularity),
+            block_size=bs,
+            tenant=f"ttft-{self.store.split()[0]}",
+            seed=self.seed,
+        )
         hashes = scheme.block_hashes(prompt)
-        usable = min(len(hashes), (prompt_tokens - 1) // bs)   # the last token is always computed
+        usable = min(len(hashes), (prompt_tokens - 1) // bs)  # the last token is always computed
         table = list(range(n_blocks))
 
         self._sync()
@@ -99,7 +114,7 @@ class TtftBench:
         del prefill
 
         decode = new_planes(c, n_blocks, bs, device)
-        d_table = table[::-1]                                   # another instance's block ids
+        d_table = table[::-1]  # another instance's block ids
         d_codec = KVBlockCodec(self.client, scheme, decode, self.granularity)
         store_s, load_s, logits = [], [], None
         for _ in range(runs):
@@ -123,9 +138,21 @@ class TtftBench:
             recompute_s.append(time.perf_counter() - t0)
         assert logits is not None and reference is not None
         if loaded.blocks_loaded < usable:
-            raise RuntimeError(f"{prompt_tokens} tokens: only {loaded.blocks_loaded} of {usable} blocks came back "
-                               f"from the store ({loaded.error!r})")
+            raise RuntimeError(
+                f"{prompt_tokens} tokens: only {loaded.blocks_loaded} of {usable} blocks came back "
+                f"from the store ({loaded.error!r})"
+            )
         diff = (logits.float() - reference.float()).abs().max().item()
-        return TtftResult(prompt_tokens, self.store, loaded.blocks_loaded * bs, loaded.nbytes, prefill_s,
-                          saved.seconds, tuple(store_s), tuple(load_s), tuple(recompute_s),
-                          int(logits.argmax()) == int(reference.argmax()), round(diff, 4))
+        return TtftResult(
+            prompt_tokens,
+            self.store,
+            loaded.blocks_loaded * bs,
+            loaded.nbytes,
+            prefill_s,
+            saved.seconds,
+            tuple(store_s),
+            tuple(load_s),
+            tuple(recompute_s),
+            int(logits.argmax()) == int(reference.argmax()),
+            round(diff, 4),
+        )

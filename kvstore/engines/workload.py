@@ -24,13 +24,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class WorkloadConfig:
     requests: int = 24
-    rate: float = 1.5                       # requests/s (Poisson)
-    shared_prefixes: int = 2                # "system prompts" several requests start with
+    rate: float = 1.5  # requests/s (Poisson)
+    shared_prefixes: int = 2  # "system prompts" several requests start with
     prefix_tokens: int = 768
     suffix_tokens: tuple[int, int] = (32, 384)
     long_tokens: tuple[int, int] = (1024, 2048)
     short_tokens: tuple[int, int] = (16, 128)
-    mix: tuple[float, float, float] = (0.4, 0.2, 0.4)   # shared-prefix, long unique, short
+    mix: tuple[float, float, float] = (0.4, 0.2, 0.4)  # shared-prefix, long unique, short
     output_tokens: int = 16
     vocab: int = 256
     seed: int = 0
@@ -44,18 +44,19 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class WorkItem:
-    at_s: float                             # when to send it, from the start of the run
-    kind: str                               # shared | long | short, or a SHAPES name
-    prompt: tuple[int, ...]                 # a follow-up: what it adds to the history
+    at_s: float  # when to send it, from the start of the run
+    kind: str  # shared | long | short, or a SHAPES name
+    prompt: tuple[int, ...]  # a follow-up: what it adds to the history
     max_tokens: int
-    follows: int | None = None              # index of the turn whose prompt + answer come first
+    follows: int | None = None  # index of the turn whose prompt + answer come first
 
 
 def make_workload(cfg: WorkloadConfig, salt: int = 0) -> list[WorkItem]:
-    shape = random.Random(cfg.seed)                     # lengths, kinds, arrivals: salt-independent
-    content = random.Random(f"{cfg.seed}/{salt}")       # token values
-    prefixes = [tuple(content.randrange(cfg.vocab) for _ in range(cfg.prefix_tokens))
-                for _ in range(cfg.shared_prefixes)]
+    shape = random.Random(cfg.seed)  # lengths, kinds, arrivals: salt-independent
+    content = random.Random(f"{cfg.seed}/{salt}")  # token values
+    prefixes = [
+        tuple(content.randrange(cfg.vocab) for _ in range(cfg.prefix_tokens)) for _ in range(cfg.shared_prefixes)
+    ]
     items, at = [], 0.0
     for _ in range(cfg.requests):
         at += shape.expovariate(cfg.rate)
@@ -74,30 +75,35 @@ def make_workload(cfg: WorkloadConfig, salt: int = 0) -> list[WorkItem]:
 @dataclass(frozen=True)
 class Shape:
     name: str
-    input_tokens: tuple[int, int]           # a first turn's prompt
+    input_tokens: tuple[int, int]  # a first turn's prompt
     output_tokens: tuple[int, int]
-    turns: int = 1                          # at most this many turns per conversation
+    turns: int = 1  # at most this many turns per conversation
     follow_up_tokens: tuple[int, int] = (16, 64)
-    think_s: float = 1.0                    # a follow-up comes at least this long after the turn before
+    think_s: float = 1.0  # a follow-up comes at least this long after the turn before
 
 
-SHAPES = {s.name: s for s in [
-    Shape("rag", (1024, 1536), (8, 16)),                    # retrieved documents in, a short answer out
-    Shape("code", (64, 192), (160, 256)),                   # a short instruction in, a long program out
-    Shape("chat", (32, 128), (16, 48), turns=3),            # short both, several turns
-]}
+SHAPES = {
+    s.name: s
+    for s in [
+        Shape("rag", (1024, 1536), (8, 16)),  # retrieved documents in, a short answer out
+        Shape("code", (64, 192), (160, 256)),  # a short instruction in, a long program out
+        Shape("chat", (32, 128), (16, 48), turns=3),  # short both, several turns
+    ]
+}
 
 MIXES: dict[str, dict[str, float]] = {
-    "rag": {"rag": 1.0}, "code": {"code": 1.0}, "chat": {"chat": 1.0},
+    "rag": {"rag": 1.0},
+    "code": {"code": 1.0},
+    "chat": {"chat": 1.0},
     "mixed": {"rag": 0.25, "code": 0.3, "chat": 0.45},
 }
 
 
 @dataclass(frozen=True)
 class ShapedConfig:
-    mix: str = "mixed"                      # a MIXES name
-    requests: int = 40                      # follow-up turns included
-    rate: float = 2.0                       # requests/s (Poisson), follow-ups included
+    mix: str = "mixed"  # a MIXES name
+    requests: int = 40  # follow-up turns included
+    rate: float = 2.0  # requests/s (Poisson), follow-ups included
     seed: int = 0
     vocab: int = 256
 
@@ -115,13 +121,16 @@ def make_shaped(cfg: ShapedConfig, salt: int = 0) -> list[WorkItem]:
     content = random.Random(f"{cfg.seed}/{cfg.mix}/{salt}")
     kinds, weights = zip(*MIXES[cfg.mix].items())
     items: list[WorkItem] = []
-    open_turns: dict[int, int] = {}                     # last turn's index -> turns so far
+    open_turns: dict[int, int] = {}  # last turn's index -> turns so far
     at = 0.0
     for _ in range(cfg.requests):
         at += shape_rng.expovariate(cfg.rate)
         shape = SHAPES[shape_rng.choices(kinds, weights=weights)[0]]
-        ready = [i for i, n in open_turns.items() if items[i].kind == shape.name and n < shape.turns
-                 and items[i].at_s + shape.think_s <= at]
+        ready = [
+            i
+            for i, n in open_turns.items()
+            if items[i].kind == shape.name and n < shape.turns and items[i].at_s + shape.think_s <= at
+        ]
         follows = None
         if ready and shape_rng.random() < 0.5:
             follows = ready[0]

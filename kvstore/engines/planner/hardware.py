@@ -16,8 +16,8 @@ from kvstore.engines.planner import PlanError
 class Accelerator:
     name: str
     memory_bytes: int
-    flops: float                # dense BF16/FP16 tensor FLOP/s
-    memory_bandwidth: float     # bytes/s
+    flops: float  # dense BF16/FP16 tensor FLOP/s
+    memory_bandwidth: float  # bytes/s
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -28,14 +28,21 @@ class Accelerator:
         """This accelerator with the figures given (None: keep the data sheet's)."""
         if memory_bytes is None and flops is None and bandwidth is None:
             return self
-        return replace(self, name=f"{self.name} (modified)", source="given",
-                       memory_bytes=self.memory_bytes if memory_bytes is None else memory_bytes,
-                       flops=self.flops if flops is None else flops,
-                       memory_bandwidth=self.memory_bandwidth if bandwidth is None else bandwidth)
+        return replace(
+            self,
+            name=f"{self.name} (modified)",
+            source="given",
+            memory_bytes=self.memory_bytes if memory_bytes is None else memory_bytes,
+            flops=self.flops if flops is None else flops,
+            memory_bandwidth=self.memory_bandwidth if bandwidth is None else bandwidth,
+        )
 
 
-ACCELERATORS = {a.name: a for a in [
-    Accelerator("a100-80g", 81920 << 20, 312e12, 2.039e12, "NVIDIA A100 80GB SXM data sheet"),
-    Accelerator("h100-80g", 81559 << 20, 989e12, 3.35e12, "NVIDIA H100 SXM data sheet"),
-    Accelerator("h200", 143771 << 20, 989e12, 4.8e12, "NVIDIA H200 SXM data sheet"),
-]}
+ACCELERATORS = {
+    a.name: a
+    for a in [
+        Accelerator("a100-80g", 81920 << 20, 312e12, 2.039e12, "NVIDIA A100 80GB SXM data sheet"),
+        Accelerator("h100-80g", 81559 << 20, 989e12, 3.35e12, "NVIDIA H100 SXM data sheet"),
+        Accelerator("h200", 143771 << 20, 989e12, 4.8e12, "NVIDIA H200 SXM data sheet"),
+    ]
+}

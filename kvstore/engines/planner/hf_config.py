@@ -21,11 +21,27 @@ from typing import Any
 from kvstore.engines.planner import PlanError
 from kvstore.engines.planner.model import Architecture, ModelShape
 
-_DTYPES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
-           "float8_e5m2": 1, "int8": 1}
+_DTYPES = {
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+}
 # Keys that mark layers without a per-token KV cache (Mamba, Jamba, RWKV, linear attention, ...).
-_STATE_KEYS = ("mamba_d_state", "ssm_cfg", "state_size", "mamba_expand", "attn_layer_period",
-               "layers_block_type", "linear_attn_config", "rwkv_version")
+_STATE_KEYS = (
+    "mamba_d_state",
+    "ssm_cfg",
+    "state_size",
+    "mamba_expand",
+    "attn_layer_period",
+    "layers_block_type",
+    "linear_attn_config",
+    "rwkv_version",
+)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -52,12 +68,16 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
     kind = cfg.get("model_type") or config.get("model_type") or "unknown"
     state = [k for k in _STATE_KEYS if cfg.get(k) is not None]
     if state:
-        raise PlanError(f"{name} ({kind}) has layers without a per-token KV cache ({', '.join(state)}); "
-                        "the planner sizes attention KV only: give the KV shape with --layers/--kv-heads/--head-dim")
+        raise PlanError(
+            f"{name} ({kind}) has layers without a per-token KV cache ({', '.join(state)}); "
+            "the planner sizes attention KV only: give the KV shape with --layers/--kv-heads/--head-dim"
+        )
     layer_types = cfg.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
-        raise PlanError(f"{name} ({kind}) mixes layer types {sorted(set(layer_types))}: per-layer KV sizes "
-                        "are not modelled; give the KV shape with --layers/--kv-heads/--head-dim")
+        raise PlanError(
+            f"{name} ({kind}) mixes layer types {sorted(set(layer_types))}: per-layer KV sizes "
+            "are not modelled; give the KV shape with --layers/--kv-heads/--head-dim"
+        )
     layers = _int(cfg, name, "num_hidden_layers")
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
     if dtype not in _DTYPES:
@@ -69,30 +89,57 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
         latent = _int(cfg, name, "kv_lora_rank") + rope
         # Prefill attends per head over the query/key width (nope + rope dims), not the latent.
         width = _int(cfg, name, "num_attention_heads") * (int(cfg.get("qk_nope_head_dim") or 0) + rope)
-        return ModelShape(name, layers, 1, latent, nbytes, latent_dim=latent, attn_dim=width,
-                          weight_bytes=nbytes, sliding_window=window)
+        return ModelShape(
+            name,
+            layers,
+            1,
+            latent,
+            nbytes,
+            latent_dim=latent,
+            attn_dim=width,
+            weight_bytes=nbytes,
+            sliding_window=window,
+        )
     heads = _int(cfg, name, "num_attention_heads")
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     hidden = _int(cfg, name, "hidden_size")
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     arch = _architecture(cfg, kind, hidden, layers, heads, kv_heads, head_dim)
     if arch is None:
-        return ModelShape(name, layers, kv_heads, head_dim, nbytes, attn_dim=heads * head_dim,
-                          weight_bytes=nbytes, sliding_window=window)
+        return ModelShape(
+            name,
+            layers,
+            kv_heads,
+            head_dim,
+            nbytes,
+            attn_dim=heads * head_dim,
+            weight_bytes=nbytes,
+            sliding_window=window,
+        )
     return arch.shape(name, nbytes, nbytes, window)
 
 
-def _architecture(cfg: dict[str, Any], kind: str, hidden: int, layers: int, heads: int, kv_heads: int,
-                  head_dim: int) -> Architecture | None:
+def _architecture(
+    cfg: dict[str, Any], kind: str, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int
+) -> Architecture | None:
     """The parameter-count fields, if this is a gated-MLP transformer (dense or Mixtral-style
     MoE) whose count the planner derives; None otherwise (the count must be given)."""
     moe_keys = ("n_routed_experts", "moe_intermediate_size", "num_experts", "n_shared_experts")
     if any(cfg.get(k) for k in moe_keys) or not cfg.get("vocab_size") or not cfg.get("intermediate_size"):
         return None
-    return Architecture(int(cfg["vocab_size"]), hidden, layers, heads, kv_heads, head_dim,
-                        int(cfg["intermediate_size"]), bool(cfg.get("tie_word_embeddings", False)),
-                        bool(cfg.get("attention_bias", kind == "qwen2")),
-                        int(cfg.get("num_local_experts") or 1), int(cfg.get("num_experts_per_tok") or 1))
+    return Architecture(
+        int(cfg["vocab_size"]),
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+        int(cfg["intermediate_size"]),
+        bool(cfg.get("tie_word_embeddings", False)),
+        bool(cfg.get("attention_bias", kind == "qwen2")),
+        int(cfg.get("num_local_experts") or 1),
+        int(cfg.get("num_experts_per_tok") or 1),
+    )
 
 
 def _int(cfg: dict[str, Any], name: str, key: str) -> int:

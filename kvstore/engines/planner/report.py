@@ -42,8 +42,9 @@ def format_plan(p: Plan) -> str:
     if d.kv_memory_bytes is not None:
         lines.append(f"  KV cache          {human_bytes(p.kv_budget)} (given, --kv-memory)")
     else:
-        lines.append(f"  KV cache          {human_bytes(p.kv_budget)} = usable memory - "
-                     f"{human_bytes(weights or 0)} of weights")
+        lines.append(
+            f"  KV cache          {human_bytes(p.kv_budget)} = usable memory - {human_bytes(weights or 0)} of weights"
+        )
     lines += [
         f"  fits              {p.requests_per_instance} requests of {p.context_tokens} tokens at once",
         f"workload: {w.request_rate:g} req/s x ({w.input_tokens} in + {w.output_tokens} out) tokens, "

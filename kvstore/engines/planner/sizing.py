@@ -17,10 +17,10 @@ from kvstore.engines.planner.model import ModelShape
 
 @dataclass(frozen=True)
 class Workload:
-    request_rate: float = 1.0            # requests/s
-    input_tokens: int = 2048             # prompt tokens per request
+    request_rate: float = 1.0  # requests/s
+    input_tokens: int = 2048  # prompt tokens per request
     output_tokens: int = 256
-    prefix_hit_rate: float = 0.0         # share of prompt tokens whose KV kvstore already holds
+    prefix_hit_rate: float = 0.0  # share of prompt tokens whose KV kvstore already holds
 
     def __post_init__(self) -> None:
         if self.request_rate <= 0 or self.input_tokens <= 0 or self.output_tokens <= 0:
@@ -47,15 +47,15 @@ class Deployment:
     """One instance's hardware and the targets and assumptions the plan is made under."""
 
     accelerator: Accelerator
-    gpus: int = 1                        # per instance (tensor parallel)
-    memory_utilization: float = 0.9      # share of memory the engine takes (vLLM's default)
-    kv_memory_bytes: int | None = None   # KV cache per decode instance, if given (else derived)
-    mfu: float = 0.5                     # prefill: share of peak FLOP/s achieved
-    bandwidth_utilization: float = 0.8   # decode: share of peak memory bandwidth achieved
-    tpot_s: float = 0.05                 # decode target: time per output token
-    ttft_s: float = 2.0                  # target: time to first token
-    link_bytes_per_s: float = 25e9       # network per instance (200 Gbit/s)
-    retention_s: float = 300.0           # how long the store keeps a prefix for reuse
+    gpus: int = 1  # per instance (tensor parallel)
+    memory_utilization: float = 0.9  # share of memory the engine takes (vLLM's default)
+    kv_memory_bytes: int | None = None  # KV cache per decode instance, if given (else derived)
+    mfu: float = 0.5  # prefill: share of peak FLOP/s achieved
+    bandwidth_utilization: float = 0.8  # decode: share of peak memory bandwidth achieved
+    tpot_s: float = 0.05  # decode target: time per output token
+    ttft_s: float = 2.0  # target: time to first token
+    link_bytes_per_s: float = 25e9  # network per instance (200 Gbit/s)
+    retention_s: float = 300.0  # how long the store keeps a prefix for reuse
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -63,8 +63,12 @@ class Deployment:
         for name in ("memory_utilization", "mfu", "bandwidth_utilization"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise PlanError(f"--{name.replace('_', '-')} must be in (0, 1], got {getattr(self, name)}")
-        for name, flag in (("tpot_s", "--tpot"), ("ttft_s", "--ttft"), ("link_bytes_per_s", "--link-gbps"),
-                           ("retention_s", "--retention")):
+        for name, flag in (
+            ("tpot_s", "--tpot"),
+            ("ttft_s", "--ttft"),
+            ("link_bytes_per_s", "--link-gbps"),
+            ("retention_s", "--retention"),
+        ):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{flag} must be positive, got {getattr(self, name)}")
         if self.kv_memory_bytes is not None and self.kv_memory_bytes <= 0:
@@ -85,16 +89,19 @@ class Deployment:
 
 @dataclass(frozen=True)
 class Throughput:
-    prefill_tps: float                   # prompt tokens/s one prefill instance computes
-    decode_tps: float                    # output tokens/s one decode instance generates (all streams)
-    stream_tps: float                    # output tokens/s of one stream (1 / TPOT)
+    prefill_tps: float  # prompt tokens/s one prefill instance computes
+    decode_tps: float  # output tokens/s one decode instance generates (all streams)
+    stream_tps: float  # output tokens/s of one stream (1 / TPOT)
     source: str = "given"
-    prefill_how: str = ""                # how an estimated figure was derived
+    prefill_how: str = ""  # how an estimated figure was derived
     decode_how: str = ""
 
     def __post_init__(self) -> None:
-        for name, flag in (("prefill_tps", "--prefill-tps"), ("decode_tps", "--decode-tps"),
-                           ("stream_tps", "--stream-tps")):
+        for name, flag in (
+            ("prefill_tps", "--prefill-tps"),
+            ("decode_tps", "--decode-tps"),
+            ("stream_tps", "--stream-tps"),
+        ):
             value = getattr(self, name)
             if not value > 0 or math.isinf(value):
                 raise PlanError(f"{flag} must be a positive number of tokens/s, got {value}")
@@ -106,14 +113,18 @@ def kv_budget(model: ModelShape, dep: Deployment) -> float:
         return dep.kv_memory_bytes
     weights = model.weights_bytes
     if weights is None:
-        raise PlanError(f"{model.name}: its parameter count is unknown, so is the memory left for KV: "
-                        "give --params, or the KV cache size with --kv-memory")
+        raise PlanError(
+            f"{model.name}: its parameter count is unknown, so is the memory left for KV: "
+            "give --params, or the KV cache size with --kv-memory"
+        )
     if weights >= dep.usable_memory:
         per_gpu = dep.accelerator.memory_bytes * dep.memory_utilization
-        tp = 1 << (max(dep.gpus + 1, math.ceil(weights / per_gpu)) - 1).bit_length()    # a power of 2
-        raise PlanError(f"{model.name}'s weights ({weights / 2**30:.1f} GiB) do not fit "
-                        f"{dep.gpus} x {dep.accelerator.name} ({dep.usable_memory / 2**30:.1f} GiB usable): "
-                        f"use --tp {tp} or more, or a larger --gpu")
+        tp = 1 << (max(dep.gpus + 1, math.ceil(weights / per_gpu)) - 1).bit_length()  # a power of 2
+        raise PlanError(
+            f"{model.name}'s weights ({weights / 2**30:.1f} GiB) do not fit "
+            f"{dep.gpus} x {dep.accelerator.name} ({dep.usable_memory / 2**30:.1f} GiB usable): "
+            f"use --tp {tp} or more, or a larger --gpu"
+        )
     return dep.usable_memory - weights
 
 
@@ -123,36 +134,50 @@ def estimate(model: ModelShape, workload: Workload, dep: Deployment, context_tok
     as many streams as keep a step within the TPOT target and fit in memory."""
     flops_per_token = model.flops_per_prompt_token(workload.input_tokens)
     if flops_per_token is None or model.weights_bytes is None:
-        raise PlanError(f"{model.name}: its parameter count is unknown, so throughput cannot be estimated: "
-                        "give --params (and --active-params for MoE), or --prefill-tps, --decode-tps and --stream-tps")
+        raise PlanError(
+            f"{model.name}: its parameter count is unknown, so throughput cannot be estimated: "
+            "give --params (and --active-params for MoE), or --prefill-tps, --decode-tps and --stream-tps"
+        )
     prefill_tps = dep.flops / flops_per_token
     by_memory = int(kv_budget(model, dep) // (context_tokens * model.kv_bytes_per_token))
-    per_stream = (workload.input_tokens + workload.output_tokens / 2) * model.kv_bytes_per_token   # read per step
+    per_stream = (workload.input_tokens + workload.output_tokens / 2) * model.kv_bytes_per_token  # read per step
     weights = model.weights_bytes
     by_tpot = math.floor((dep.tpot_s * dep.memory_bandwidth - weights) / per_stream)
     if by_tpot < 1:
-        raise PlanError(f"a {dep.tpot_s * 1e3:.0f} ms TPOT is out of reach: one decode step reads "
-                        f"{weights / 2**30:.1f} GiB of weights and {per_stream / 2**30:.2f} GiB of KV a stream "
-                        f"at {dep.memory_bandwidth / 1e12:.2f} TB/s: use --tp, a faster --gpu, or a longer --tpot")
+        raise PlanError(
+            f"a {dep.tpot_s * 1e3:.0f} ms TPOT is out of reach: one decode step reads "
+            f"{weights / 2**30:.1f} GiB of weights and {per_stream / 2**30:.2f} GiB of KV a stream "
+            f"at {dep.memory_bandwidth / 1e12:.2f} TB/s: use --tp, a faster --gpu, or a longer --tpot"
+        )
     streams = min(by_tpot, by_memory)
     if streams < 1:
         raise _no_fit(model, dep, context_tokens)
     step = (weights + streams * per_stream) / dep.memory_bandwidth
     g = dep.gpus
     return Throughput(
-        prefill_tps, streams / step, 1 / step, "estimated",
-        prefill_how=(f"{dep.accelerator.flops / 1e12:,.0f} TFLOP/s x {g} GPU x {dep.mfu:.2f} MFU / "
-                     f"{flops_per_token / 1e9:.1f} GFLOP a token"),
-        decode_how=(f"{streams} streams ({'memory' if by_memory < by_tpot else 'TPOT'}-bound), a step reads "
-                    f"{weights / 2**30:.1f} GiB of weights + {streams} x {per_stream / 2**20:,.0f} MiB of KV "
-                    f"at {dep.accelerator.memory_bandwidth / 1e12:.2f} TB/s x {g} x {dep.bandwidth_utilization:.2f}"))
+        prefill_tps,
+        streams / step,
+        1 / step,
+        "estimated",
+        prefill_how=(
+            f"{dep.accelerator.flops / 1e12:,.0f} TFLOP/s x {g} GPU x {dep.mfu:.2f} MFU / "
+            f"{flops_per_token / 1e9:.1f} GFLOP a token"
+        ),
+        decode_how=(
+            f"{streams} streams ({'memory' if by_memory < by_tpot else 'TPOT'}-bound), a step reads "
+            f"{weights / 2**30:.1f} GiB of weights + {streams} x {per_stream / 2**20:,.0f} MiB of KV "
+            f"at {dep.accelerator.memory_bandwidth / 1e12:.2f} TB/s x {g} x {dep.bandwidth_utilization:.2f}"
+        ),
+    )
 
 
 def _no_fit(model: ModelShape, dep: Deployment, context_tokens: int) -> PlanError:
     need = context_tokens * model.kv_bytes_per_token
-    return PlanError(f"one request's KV ({need / 2**30:.2f} GiB for {context_tokens} tokens) does not fit the "
-                     f"{kv_budget(model, dep) / 2**30:.2f} GiB a decode instance has for KV: "
-                     "use --tp, a larger --gpu, a shorter --context, or a smaller --dtype")
+    return PlanError(
+        f"one request's KV ({need / 2**30:.2f} GiB for {context_tokens} tokens) does not fit the "
+        f"{kv_budget(model, dep) / 2**30:.2f} GiB a decode instance has for KV: "
+        "use --tp, a larger --gpu, a shorter --context, or a smaller --dtype"
+    )
 
 
 @dataclass(frozen=True)
@@ -161,15 +186,17 @@ class Plan:
     workload: Workload
     deployment: Deployment
     throughput: Throughput
-    context_tokens: int                  # tokens of KV a request holds while it decodes
+    context_tokens: int  # tokens of KV a request holds while it decodes
 
     def __post_init__(self) -> None:
         if self.context_tokens <= 0:
             raise PlanError(f"--context must be positive, got {self.context_tokens}")
         window = self.model.sliding_window
         if window is not None and self.context_tokens > window:
-            raise PlanError(f"{self.model.name} attends to a {window}-token sliding window: KV beyond it is "
-                            f"not modelled; plan --context {window} or less")
+            raise PlanError(
+                f"{self.model.name} attends to a {window}-token sliding window: KV beyond it is "
+                f"not modelled; plan --context {window} or less"
+            )
         if self.requests_per_instance < 1:
             raise _no_fit(self.model, self.deployment, self.context_tokens)
 
@@ -278,10 +305,32 @@ class Plan:
         return self.prefill_s + self.transfer_s + 1 / self.throughput.stream_tps
 
     def to_dict(self) -> dict:
-        names = ("kv_bytes_per_request", "prompt_kv_bytes", "kv_budget", "requests_per_instance",
-                 "prefill_instances", "decode_instances", "decode_instances_by_rate", "decode_instances_by_memory",
-                 "concurrent_decodes", "store_write_rate", "decode_read_rate", "prefill_read_rate",
-                 "prefill_link_rate", "decode_link_rate", "store_traffic", "store_links", "links_ok",
-                 "store_capacity", "prefill_s", "transfer_s", "ttft_estimate_s")
-        return {**asdict(self), "kv_bytes_per_token": self.model.kv_bytes_per_token,
-                "weights_bytes": self.model.weights_bytes, **{n: getattr(self, n) for n in names}}
+        names = (
+            "kv_bytes_per_request",
+            "prompt_kv_bytes",
+            "kv_budget",
+            "requests_per_instance",
+            "prefill_instances",
+            "decode_instances",
+            "decode_instances_by_rate",
+            "decode_instances_by_memory",
+            "concurrent_decodes",
+            "store_write_rate",
+            "decode_read_rate",
+            "prefill_read_rate",
+            "prefill_link_rate",
+            "decode_link_rate",
+            "store_traffic",
+            "store_links",
+            "links_ok",
+            "store_capacity",
+            "prefill_s",
+            "transfer_s",
+            "ttft_estimate_s",
+        )
+        return {
+            **asdict(self),
+            "kv_bytes_per_token": self.model.kv_bytes_per_token,
+            "weights_bytes": self.model.weights_bytes,
+            **{n: getattr(self, n) for n in names},
+        }

@@ -18,25 +18,50 @@ log = logging.getLogger("kvstore.engines")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", choices=[r.value for r in Role], default=Role.COLOCATED.value)
-    p.add_argument("--meta", default=None, help="kvstore metadata service; without it the instance "
-                   "neither loads nor saves KV (a plain colocated engine)")
+    p.add_argument(
+        "--meta",
+        default=None,
+        help="kvstore metadata service; without it the instance neither loads nor saves KV (a plain colocated engine)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100, help="0 = any free port")
     p.add_argument("--block-size", type=int, default=EngineConfig.block_size)
     p.add_argument("--cache-blocks", type=int, default=EngineConfig.cache_blocks)
-    p.add_argument("--granularity", choices=[g.value for g in Granularity], default=Granularity.LAYER.value,
-                   help="store one object per block (all layers) or per (block, layer)")
+    p.add_argument(
+        "--granularity",
+        choices=[g.value for g in Granularity],
+        default=Granularity.LAYER.value,
+        help="store one object per block (all layers) or per (block, layer)",
+    )
     d = SchedulerConfig()
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
-                   help="requests loading or running at once (1: one request at a time, no batching)")
-    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
-                   help="tokens computed per step, decodes and prefill chunks together")
-    p.add_argument("--no-chunked-prefill", action="store_true",
-                   help="compute each prompt whole, in a step of its own, instead of in chunks")
-    p.add_argument("--no-save-output-kv", action="store_true",
-                   help="decode/colocated: do not save the blocks a request fills while generating")
-    p.add_argument("--load-deadline", type=float, default=EngineConfig.load_deadline_s,
-                   help="seconds a KV load may take before the prompt is recomputed instead")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help="requests loading or running at once (1: one request at a time, no batching)",
+    )
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=d.max_batch_tokens,
+        help="tokens computed per step, decodes and prefill chunks together",
+    )
+    p.add_argument(
+        "--no-chunked-prefill",
+        action="store_true",
+        help="compute each prompt whole, in a step of its own, instead of in chunks",
+    )
+    p.add_argument(
+        "--no-save-output-kv",
+        action="store_true",
+        help="decode/colocated: do not save the blocks a request fills while generating",
+    )
+    p.add_argument(
+        "--load-deadline",
+        type=float,
+        default=EngineConfig.load_deadline_s,
+        help="seconds a KV load may take before the prompt is recomputed instead",
+    )
     p.add_argument("--kv-transports", default=None, help="client transports in preference order, e.g. tcp")
     p.add_argument("--kv-timeout", type=float, default=None, help="client RPC / transfer timeout, seconds")
     p.add_argument("--tenant", default=EngineConfig.tenant)
@@ -47,8 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--num-kv-heads", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--inject-load-failures", type=float, default=0.0,
-                   help="fraction of KV loads to fail part-way, on purpose")
+    p.add_argument(
+        "--inject-load-failures", type=float, default=0.0, help="fraction of KV loads to fail part-way, on purpose"
+    )
     p.add_argument("--metrics-jsonl", default=None, help="append one JSON line per request here")
 
 
@@ -64,15 +90,27 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = ReferenceModel(ModelConfig(hidden_size=args.hidden_size, num_layers=args.num_layers,
-                                       num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-                                       intermediate_size=args.hidden_size * 8 // 3, seed=args.model_seed))
-    config = EngineConfig(role=Role(args.role), block_size=args.block_size, cache_blocks=args.cache_blocks,
-                          granularity=Granularity(args.granularity), load_deadline_s=args.load_deadline,
-                          tenant=args.tenant, hash_seed=args.hash_seed,
-                          batching=SchedulerConfig(args.max_num_seqs, args.max_batch_tokens,
-                                                   not args.no_chunked_prefill),
-                          save_output_kv=not args.no_save_output_kv)
+    model = ReferenceModel(
+        ModelConfig(
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads,
+            intermediate_size=args.hidden_size * 8 // 3,
+            seed=args.model_seed,
+        )
+    )
+    config = EngineConfig(
+        role=Role(args.role),
+        block_size=args.block_size,
+        cache_blocks=args.cache_blocks,
+        granularity=Granularity(args.granularity),
+        load_deadline_s=args.load_deadline,
+        tenant=args.tenant,
+        hash_seed=args.hash_seed,
+        batching=SchedulerConfig(args.max_num_seqs, args.max_batch_tokens, not args.no_chunked_prefill),
+        save_output_kv=not args.no_save_output_kv,
+    )
     store = None
     if args.meta:
         from kvstore.client import KVClient
@@ -85,12 +123,15 @@ def run(args: argparse.Namespace) -> int:
             overrides["timeout_s"] = args.kv_timeout
         store = KVClient(args.meta, load_config(ClientConfig, None, **overrides))
     engine = ReferenceEngine(model, config, store, FaultInjector(args.inject_load_failures))
-    jsonl = open(args.metrics_jsonl, "a") if args.metrics_jsonl else None
+    jsonl = open(args.metrics_jsonl, "a") if args.metrics_jsonl else None  # noqa: SIM115 - open for the life of the server
     app = build_app(engine, MetricsSink("engine", jsonl))
 
     def ready(url: str) -> None:
-        print(f"kvstore ready: engine={url} role={config.role.value} "
-              f"store={args.meta or 'none'} max_num_seqs={args.max_num_seqs}", flush=True)
+        print(
+            f"kvstore ready: engine={url} role={config.role.value} "
+            f"store={args.meta or 'none'} max_num_seqs={args.max_num_seqs}",
+            flush=True,
+        )
 
     try:
         run_http(app, args.host, args.port, ready)
@@ -104,8 +145,12 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvstore engine", description=__doc__)
-    parser.add_argument("--log-format", choices=["text", "json"], default="text",
-                        help="json: one JSON object per line, with the request id of the request it is about")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="json: one JSON object per line, with the request id of the request it is about",
+    )
     parser.add_argument("--log-level", default="WARNING")
     add_arguments(parser)
     args = parser.parse_args(argv)

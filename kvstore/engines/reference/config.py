@@ -25,7 +25,7 @@ class EngineConfig:
     tenant: str = "default"
     hash_seed: int = 0
     batching: SchedulerConfig = field(default_factory=SchedulerConfig)
-    save_output_kv: bool = True         # decode/colocated: save a finished request's new blocks
+    save_output_kv: bool = True  # decode/colocated: save a finished request's new blocks
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.cache_blocks <= 0:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextvars
 import random
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 from kvstore.client import KeyNotFound, KVStoreError, TransportError, Unavailable
 from kvstore.engines.codec import Granularity, KVBlockCodec, LoadResult, SaveResult
@@ -115,17 +115,27 @@ class _Pinned:
 class PendingLoad:
     """A load of a sequence's leading blocks, in flight; its blocks are pinned until it ends."""
 
-    def __init__(self, codec: KVBlockCodec, pool: ThreadPoolExecutor, cache: PagedKVCache, hashes: Sequence[bytes],
-                 block_ids: Sequence[int], cut: int | None, deadline_s: float, started: float,
-                 wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        codec: KVBlockCodec,
+        pool: ThreadPoolExecutor,
+        cache: PagedKVCache,
+        hashes: Sequence[bytes],
+        block_ids: Sequence[int],
+        cut: int | None,
+        deadline_s: float,
+        started: float,
+        wake: Callable[[], None],
+    ) -> None:
         self.requested = len(hashes)
         self.deadline_s = deadline_s
         self.deadline_at = started + deadline_s
         self._cut = cut
         want = len(hashes) if cut is None else cut
-        self._pinned = _Pinned(cache, block_ids[:len(hashes)], wake)
-        self._future = pool.submit(contextvars.copy_context().run, codec.load, list(hashes[:want]),
-                                   list(block_ids[:want]))
+        self._pinned = _Pinned(cache, block_ids[: len(hashes)], wake)
+        self._future = pool.submit(
+            contextvars.copy_context().run, codec.load, list(hashes[:want]), list(block_ids[:want])
+        )
         self._pinned.add(self._future)
         self._pinned.close()
 
@@ -136,8 +146,11 @@ class PendingLoad:
         """What arrived (waits if the load has not ended)."""
         result = self._future.result()
         if self._cut is not None:
-            result = replace(result, blocks_requested=self.requested,
-                             error=result.error or InjectedFailure(f"injected failure after {self._cut} blocks"))
+            result = replace(
+                result,
+                blocks_requested=self.requested,
+                error=result.error or InjectedFailure(f"injected failure after {self._cut} blocks"),
+            )
         return result
 
     def expired(self) -> LoadResult:
@@ -152,8 +165,15 @@ class PendingSave:
     granularity, or blocks computed earlier). `close` is called once no more layers come; then
     `done()` tells when it has ended."""
 
-    def __init__(self, codec: KVBlockCodec, pool: ThreadPoolExecutor, cache: PagedKVCache,
-                 hashes: Sequence[bytes], block_ids: Sequence[int], wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        codec: KVBlockCodec,
+        pool: ThreadPoolExecutor,
+        cache: PagedKVCache,
+        hashes: Sequence[bytes],
+        block_ids: Sequence[int],
+        wake: Callable[[], None],
+    ) -> None:
         self._codec = codec
         self._pool = pool
         self._hashes = list(hashes)
@@ -172,8 +192,9 @@ class PendingSave:
 
     def layer_done(self, layer: int) -> None:
         if self._per_layer and self._hashes and not self._closed:
-            self._submit(self._pool.submit(self._context.copy().run, self._codec.save, self._hashes, self._ids,
-                                           [layer]))
+            self._submit(
+                self._pool.submit(self._context.copy().run, self._codec.save, self._hashes, self._ids, [layer])
+            )
 
     def close(self) -> None:
         """No more layers: submit whatever is not on its way yet (all of it unless layers were
@@ -196,9 +217,13 @@ class PendingSave:
                 self._result = SaveResult(0, 0, 0, 0.0)
             else:
                 error = next((p.error for p in parts if p.error is not None), None)
-                self._result = SaveResult(min(p.blocks_written for p in parts),
-                                          min(p.blocks_present for p in parts),
-                                          sum(p.nbytes for p in parts), sum(p.seconds for p in parts), error)
+                self._result = SaveResult(
+                    min(p.blocks_written for p in parts),
+                    min(p.blocks_present for p in parts),
+                    sum(p.nbytes for p in parts),
+                    sum(p.seconds for p in parts),
+                    error,
+                )
         return self._result
 
     def _submit(self, future: Future[SaveResult]) -> None:
@@ -207,8 +232,14 @@ class PendingSave:
 
 
 class StoreConnector:
-    def __init__(self, codec: KVBlockCodec, cache: PagedKVCache, load_deadline_s: float,
-                 faults: FaultInjector | None = None, wake: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        codec: KVBlockCodec,
+        cache: PagedKVCache,
+        load_deadline_s: float,
+        faults: FaultInjector | None = None,
+        wake: Callable[[], None] = lambda: None,
+    ) -> None:
         self.codec = codec
         self.cache = cache
         self.load_deadline_s = load_deadline_s
@@ -230,8 +261,17 @@ class StoreConnector:
 
     def start_load(self, hashes: Sequence[bytes], table: Sequence[int], now: float) -> PendingLoad:
         """Start loading blocks 0..len(hashes)-1 of `table`; `wake` is called when it ends."""
-        return PendingLoad(self.codec, self._load_pool, self.cache, hashes, table, self.faults.cut(len(hashes)),
-                           self.load_deadline_s, now, self._wake)
+        return PendingLoad(
+            self.codec,
+            self._load_pool,
+            self.cache,
+            hashes,
+            table,
+            self.faults.cut(len(hashes)),
+            self.load_deadline_s,
+            now,
+            self._wake,
+        )
 
     def start_save(self, hashes: Sequence[bytes], block_ids: Sequence[int]) -> PendingSave:
         return PendingSave(self.codec, self._save_pool, self.cache, hashes, block_ids, self._wake)

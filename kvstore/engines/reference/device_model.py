@@ -23,9 +23,18 @@ from kvstore.engines.reference.model import ModelConfig, ReferenceModel
 def llama_1b(max_positions: int = 34816) -> ModelConfig:
     """A ~1.1B-parameter Llama-style shape (Llama 3.2 1B's depth and widths, a 32K vocabulary,
     separate embedding and head), bf16; weights seeded like every ReferenceModel's."""
-    return ModelConfig(name="llama-1b-like", vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32,
-                       num_kv_heads=8, intermediate_size=8192, rope_theta=500000.0, max_positions=max_positions,
-                       dtype="bfloat16")
+    return ModelConfig(
+        name="llama-1b-like",
+        vocab_size=32000,
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=8192,
+        rope_theta=500000.0,
+        max_positions=max_positions,
+        dtype="bfloat16",
+    )
 
 
 def parameter_count(c: ModelConfig) -> int:
@@ -37,8 +46,10 @@ def parameter_count(c: ModelConfig) -> int:
 def new_planes(c: ModelConfig, num_blocks: int, block_size: int, device: torch.device) -> list[torch.Tensor]:
     """A paged KV cache: per layer `[num_blocks, 2, block_size, kv_heads, head_dim]` (K then V per
     block), as PagedKVCache lays it out, on `device`."""
-    return [torch.zeros(num_blocks, 2, block_size, c.num_kv_heads, c.head_dim, dtype=c.torch_dtype, device=device)
-            for _ in range(c.num_layers)]
+    return [
+        torch.zeros(num_blocks, 2, block_size, c.num_kv_heads, c.head_dim, dtype=c.torch_dtype, device=device)
+        for _ in range(c.num_layers)
+    ]
 
 
 class DeviceModel:
@@ -56,8 +67,9 @@ class DeviceModel:
         self._sin = angles.sin().to(c.torch_dtype).to(device)
 
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], start: int, planes: Sequence[torch.Tensor],
-                table: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self, tokens: Sequence[int], start: int, planes: Sequence[torch.Tensor], table: Sequence[int]
+    ) -> torch.Tensor:
         """Positions [start, start+len(tokens)) of a sequence whose KV for [0, start) is in `planes`
         under block `table`; writes this chunk's KV there and returns the last position's logits."""
         c = self.config
@@ -82,14 +94,19 @@ class DeviceModel:
             k = k * cos + _rotate_half(k) * sin
             planes[i][slot_block, 0, slot] = k
             planes[i][slot_block, 1, slot] = v
-            kv = planes[i][blocks]                                       # [n, 2, bs, kv_heads, dim]
+            kv = planes[i][blocks]  # [n, 2, bs, kv_heads, dim]
             keys = kv[:, 0].reshape(-1, c.num_kv_heads, c.head_dim)[:end]
             values = kv[:, 1].reshape(-1, c.num_kv_heads, c.head_dim)[:end]
-            keys = keys.permute(1, 0, 2).repeat_interleave(group, dim=0)    # [heads, end, dim]
+            keys = keys.permute(1, 0, 2).repeat_interleave(group, dim=0)  # [heads, end, dim]
             values = values.permute(1, 0, 2).repeat_interleave(group, dim=0)
-            attn = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys[None], values[None],
-                                                  attn_mask=mask, is_causal=mask is None,
-                                                  scale=1.0 / math.sqrt(c.head_dim))
+            attn = F.scaled_dot_product_attention(
+                q.permute(1, 0, 2)[None],
+                keys[None],
+                values[None],
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=1.0 / math.sqrt(c.head_dim),
+            )
             x = x + attn[0].permute(1, 0, 2).reshape(m, c.hidden_size) @ w["wo"]
             h = _rms_norm(x, w["mlp_norm"], c.rms_eps)
             x = x + (F.silu(h @ w["w_gate"]) * (h @ w["w_up"])) @ w["w_down"]

@@ -24,59 +24,73 @@ not arrive, the request is a *fallback*, counted with its reason.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from collections.abc import Callable
+from typing import Any
 
 from kvstore.client import KVStoreError
 from kvstore.engines.codec import KVBlockCodec, layout_name
 from kvstore.engines.keys import KeyScheme
 from kvstore.engines.metrics import RequestMetrics
+from kvstore.engines.reference.config import EngineConfig, Role
 from kvstore.engines.reference.connector import FaultInjector, PendingSave, StoreConnector, fallback_reason
 from kvstore.engines.reference.model import ReferenceModel
 from kvstore.engines.reference.paged_cache import CacheShape, Chunk, PagedKVCache
-from kvstore.engines.reference.config import EngineConfig, Role
 from kvstore.engines.reference.scheduler import Batch, Scheduler
-from kvstore.engines.reference.sequence import (Generation, GenerationRequest, InvalidRequest, RequestSink,
-                                                Sequence)
-from kvstore.jsonlog import request_id
+from kvstore.engines.reference.sequence import (
+    Collect,
+    EngineLoad,
+    Generation,
+    GenerationRequest,
+    InvalidRequest,
+    RequestSink,
+    Sequence,
+    StepStats,
+    about,
+    check_request,
+)
 
-__all__ = ["EngineConfig", "EngineLoad", "Generation", "GenerationRequest", "InvalidRequest", "ReferenceEngine",
-           "Role", "StepStats"]
+__all__ = [
+    "EngineConfig",
+    "EngineLoad",
+    "Generation",
+    "GenerationRequest",
+    "InvalidRequest",
+    "ReferenceEngine",
+    "Role",
+    "StepStats",
+]
 
 log = logging.getLogger("kvstore.engines.reference")
 
 
-@dataclass(frozen=True)
-class StepStats:
-    sequences: int                      # in the batch
-    decodes: int                        # of which computing one generated token
-    prefill_tokens: int                 # prompt (or recomputed) tokens in the batch
-    seconds: float
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    waiting: int                        # submitted, not yet admitted
-    running: int                        # loading or in the batch
-    queued_tokens: int                  # prompt tokens of the waiting requests
-
-
 class ReferenceEngine:
-    def __init__(self, model: ReferenceModel, config: EngineConfig, store: Any | None = None,
-                 faults: FaultInjector | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        model: ReferenceModel,
+        config: EngineConfig,
+        store: Any | None = None,
+        faults: FaultInjector | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.model = model
         self.config = config
         self.clock = clock
         mc = model.config
-        self.cache = PagedKVCache(CacheShape(mc.num_layers, config.cache_blocks, config.block_size,
-                                             mc.num_kv_heads, mc.head_dim, mc.torch_dtype))
-        self.scheme = KeyScheme(model=f"{mc.name}@{mc.fingerprint}", block_size=config.block_size,
-                                tenant=config.tenant, seed=config.hash_seed,
-                                layout=layout_name(self.cache.layers, config.granularity))
+        self.cache = PagedKVCache(
+            CacheShape(
+                mc.num_layers, config.cache_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, mc.torch_dtype
+            )
+        )
+        self.scheme = KeyScheme(
+            model=f"{mc.name}@{mc.fingerprint}",
+            block_size=config.block_size,
+            tenant=config.tenant,
+            seed=config.hash_seed,
+            layout=layout_name(self.cache.layers, config.granularity),
+        )
         self.scheduler = Scheduler(config.batching, self.cache, config.block_size)
         self._wake = threading.Event()
         self._inbox: collections.deque[tuple[GenerationRequest, RequestSink]] = collections.deque()
@@ -99,13 +113,23 @@ class ReferenceEngine:
         """What a router needs to compute this engine's block keys and transfer sizes."""
         mc = self.model.config
         codec = self.connector.codec if self.connector else None
-        return {"model": self.scheme.model, "role": self.config.role.value, "block_size": self.config.block_size,
-                "tenant": self.scheme.tenant, "layout": self.scheme.layout, "hash_seed": self.scheme.seed,
-                "fingerprint": self.scheme.fingerprint, "object_parts": codec.object_parts if codec else None,
-                "kv_bytes_per_token": mc.kv_bytes_per_token, "vocab_size": mc.vocab_size,
-                "max_positions": mc.max_positions, "tokenizer": "bytes", "store": codec is not None,
-                "max_num_seqs": self.config.batching.max_num_seqs,
-                "max_batch_tokens": self.config.batching.max_batch_tokens}
+        return {
+            "model": self.scheme.model,
+            "role": self.config.role.value,
+            "block_size": self.config.block_size,
+            "tenant": self.scheme.tenant,
+            "layout": self.scheme.layout,
+            "hash_seed": self.scheme.seed,
+            "fingerprint": self.scheme.fingerprint,
+            "object_parts": codec.object_parts if codec else None,
+            "kv_bytes_per_token": mc.kv_bytes_per_token,
+            "vocab_size": mc.vocab_size,
+            "max_positions": mc.max_positions,
+            "tokenizer": "bytes",
+            "store": codec is not None,
+            "max_num_seqs": self.config.batching.max_num_seqs,
+            "max_batch_tokens": self.config.batching.max_batch_tokens,
+        }
 
     def links(self) -> list[Any]:
         """The link monitor's figures of this instance's store client (LinkStats), [] without one."""
@@ -113,20 +137,10 @@ class ReferenceEngine:
         return links() if links is not None else []
 
     def validate(self, req: GenerationRequest) -> None:
-        mc = self.model.config
-        if not req.prompt:
-            raise InvalidRequest("empty prompt")
-        if req.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be at least 1")
-        if max(req.prompt) >= mc.vocab_size or min(req.prompt) < 0:
-            raise InvalidRequest(f"token ids must be in [0, {mc.vocab_size})")
-        if len(req.prompt) + req.max_tokens > mc.max_positions:
-            raise InvalidRequest(f"{len(req.prompt)} prompt + {req.max_tokens} new tokens is over "
-                                 f"the {mc.max_positions}-token context")
-        blocks = self.cache.shape.blocks_for(len(req.prompt) + self._max_tokens(req))
-        if blocks > self.config.cache_blocks:
-            raise InvalidRequest(f"{len(req.prompt)} + {self._max_tokens(req)} tokens need {blocks} KV blocks; "
-                                 f"this instance has {self.config.cache_blocks}")
+        check_request(req, self.model.config.vocab_size, self.model.config.max_positions)
+        tokens, have = len(req.prompt) + self._max_tokens(req), self.config.cache_blocks
+        if (blocks := self.cache.shape.blocks_for(tokens)) > have:
+            raise InvalidRequest(f"{tokens} tokens (prompt + new) need {blocks} KV blocks; this instance has {have}")
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -141,8 +155,9 @@ class ReferenceEngine:
         with self._inbox_lock:
             pending = list(self._inbox)
         last = self._load
-        return EngineLoad(last.waiting + len(pending), last.running,
-                          last.queued_tokens + sum(len(r.prompt) for r, _ in pending))
+        return EngineLoad(
+            last.waiting + len(pending), last.running, last.queued_tokens + sum(len(r.prompt) for r, _ in pending)
+        )
 
     def has_work(self) -> bool:
         return bool(self._inbox or self.scheduler.has_work() or self._finishing)
@@ -160,8 +175,11 @@ class ReferenceEngine:
         for seq in batch.loads:
             self._start_load(seq)
         stats = self._run(batch) if batch.chunks else None
-        self._load = EngineLoad(len(self.scheduler.waiting), len(self.scheduler.loading) + len(self.scheduler.running),
-                                sum(s.remaining for s in self.scheduler.waiting))
+        self._load = EngineLoad(
+            len(self.scheduler.waiting),
+            len(self.scheduler.loading) + len(self.scheduler.running),
+            sum(s.remaining for s in self.scheduler.waiting),
+        )
         if stats is None and wait_s > 0:
             deadlines = [s.load.deadline_at for s in self.scheduler.loading if s.load is not None]
             timeout = min([wait_s, *(max(0.0, d - self.clock()) for d in deadlines)])
@@ -173,13 +191,13 @@ class ReferenceEngine:
         while not stop.is_set():
             try:
                 self.step(idle_wait_s)
-            except Exception:                   # a bug, not a request's fault: keep serving
+            except Exception:  # a bug, not a request's fault: keep serving
                 log.exception("engine step failed")
 
     def generate(self, req: GenerationRequest, emit: Callable[[int], None]) -> Generation:
         """Serve one request alone, stepping on this thread; `emit(token)` as each token is ready."""
         self.validate(req)
-        sink = _Collect(emit)
+        sink = Collect(emit)
         self.submit(req, sink)
         while sink.result is None:
             self.step(wait_s=0.05)
@@ -199,14 +217,18 @@ class ReferenceEngine:
         bs = self.config.block_size
         for req, sink in new:
             n = len(req.prompt)
-            seq = Sequence(req, sink, self._max_tokens(req),
-                           RequestMetrics.measured(req.request_id, self.config.role.value, prompt_tokens=n))
+            seq = Sequence(
+                req,
+                sink,
+                self._max_tokens(req),
+                RequestMetrics.measured(req.request_id, self.config.role.value, prompt_tokens=n),
+            )
             error: KVStoreError | None = None
             if self.connector is not None:
                 seq.prompt_hashes = self.scheme.block_hashes(req.prompt)
-                usable = min(len(seq.prompt_hashes), (n - 1) // bs)      # at least one token is computed
+                usable = min(len(seq.prompt_hashes), (n - 1) // bs)  # at least one token is computed
                 if usable:
-                    with _about(seq):
+                    with about(seq):
                         lookup = self.connector.lookup(seq.prompt_hashes[:usable])
                     seq.listed_blocks, error = lookup.cached_blocks, lookup.error
                     seq.metrics.kv_lookup_failed = lookup.error is not None
@@ -216,10 +238,10 @@ class ReferenceEngine:
             self.scheduler.add(seq)
 
     def _start_load(self, seq: Sequence) -> None:
-        assert self.connector is not None                   # only sequences with a store load
+        assert self.connector is not None  # only sequences with a store load
         seq.admitted_at = now = self.clock()
-        with _about(seq):
-            seq.load = self.connector.start_load(seq.prompt_hashes[:seq.to_load], seq.table, now)
+        with about(seq):
+            seq.load = self.connector.start_load(seq.prompt_hashes[: seq.to_load], seq.table, now)
 
     def _poll_loads(self) -> None:
         for seq in list(self.scheduler.loading):
@@ -257,12 +279,14 @@ class ReferenceEngine:
             seq = s.seq
             if seq.admitted_at is None:
                 seq.admitted_at = now
-            chunks.append(Chunk(seq.tokens[seq.num_computed:seq.num_computed + s.num_tokens], seq.num_computed,
-                                seq.table))
+            chunks.append(
+                Chunk(seq.tokens[seq.num_computed : seq.num_computed + s.num_tokens], seq.num_computed, seq.table)
+            )
             if self.connector is not None and self.config.saves:
                 full = min(len(seq.prompt_hashes), (seq.num_computed + s.num_tokens) // self.config.block_size)
                 if full > seq.stored_blocks:
-                    saves.append(self._save(seq, seq.prompt_hashes[seq.stored_blocks:full], full))
+                    saves.append(self._save(seq, seq.prompt_hashes[seq.stored_blocks : full], full))
+
         def layer_done(layer: int) -> None:
             for save in saves:
                 save.layer_done(layer)
@@ -297,8 +321,8 @@ class ReferenceEngine:
 
     def _save(self, seq: Sequence, hashes: list[bytes], upto: int) -> PendingSave:
         assert self.connector is not None
-        with _about(seq):
-            save = self.connector.start_save(hashes, seq.table[seq.stored_blocks:upto])
+        with about(seq):
+            save = self.connector.start_save(hashes, seq.table[seq.stored_blocks : upto])
         seq.saves.append(save)
         seq.stored_blocks = upto
         return save
@@ -320,10 +344,14 @@ class ReferenceEngine:
         """Out of the batch; the blocks it filled saved (they stay pinned until then)."""
         bs = self.config.block_size
         full = seq.num_computed // bs
-        if (self.connector is not None and self.config.save_output_kv and self.config.role is not Role.PREFILL
-                and full > seq.stored_blocks):
-            hashes = self.scheme.block_hashes(seq.tokens[:full * bs])
-            self._save(seq, hashes[seq.stored_blocks:full], full).close()
+        if (
+            self.connector is not None
+            and self.config.save_output_kv
+            and self.config.role is not Role.PREFILL
+            and full > seq.stored_blocks
+        ):
+            hashes = self.scheme.block_hashes(seq.tokens[: full * bs])
+            self._save(seq, hashes[seq.stored_blocks : full], full).close()
         self.scheduler.finish(seq)
         self._finishing.append(seq)
 
@@ -349,7 +377,7 @@ class ReferenceEngine:
         m.kv_save_bytes = sum(r.nbytes for r in results)
         m.kv_save_failed = error is not None if results else m.kv_save_failed
         m.queue_s = (seq.admitted_at or seq.request.arrival) - seq.request.arrival
-        if m.ttft_s is not None:                # the rest of its TTFT here went to the batch around it
+        if m.ttft_s is not None:  # the rest of its TTFT here went to the batch around it
             m.batch_wait_s = max(0.0, m.ttft_s - m.queue_s - (m.kv_load_s or 0.0) - m.prefill_compute_s)
         m.output_tokens = seq.num_generated
         if seq.num_generated > 1 and seq.first_token_at is not None and seq.last_token_at is not None:
@@ -357,36 +385,14 @@ class ReferenceEngine:
         m.e2e_s = self.clock() - seq.request.arrival
         params: dict[str, Any] = {}
         if self.config.role is Role.PREFILL:
-            stored = (len(seq.prompt_hashes) if error is None and self.connector is not None
-                      else max(seq.loaded_blocks, seq.listed_blocks))
-            params = {"cached_tokens": stored * bs, "first_token": seq.tokens[seq.num_prompt],
-                      "save_error": repr(error) if error else None}
-        seq.sink.done(Generation(seq.tokens[seq.num_prompt:], m, params))
-
-
-@contextlib.contextmanager
-def _about(seq: Sequence) -> Iterator[None]:
-    """Lines logged meanwhile, and by the transfers started meanwhile, carry the request's id (the
-    router's X-Request-Id): one engine thread works for every request in the batch."""
-    token = request_id.set(seq.request.request_id)
-    try:
-        yield
-    finally:
-        request_id.reset(token)
-
-
-class _Collect:
-    """A sink that keeps the result, for `generate`."""
-
-    def __init__(self, emit: Callable[[int], None]) -> None:
-        self._emit = emit
-        self.result: Generation | Exception | None = None
-
-    def token(self, token: int) -> None:
-        self._emit(token)
-
-    def done(self, generation: Generation) -> None:
-        self.result = generation
-
-    def failed(self, error: Exception) -> None:
-        self.result = error
+            stored = (
+                len(seq.prompt_hashes)
+                if error is None and self.connector is not None
+                else max(seq.loaded_blocks, seq.listed_blocks)
+            )
+            params = {
+                "cached_tokens": stored * bs,
+                "first_token": seq.tokens[seq.num_prompt],
+                "save_error": repr(error) if error else None,
+            }
+        seq.sink.done(Generation(seq.tokens[seq.num_prompt :], m, params))

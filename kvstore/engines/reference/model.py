@@ -17,16 +17,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from kvstore.engines.reference.paged_cache import Chunk, PagedKVCache
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-           "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -86,14 +85,14 @@ def _silu(x: torch.Tensor) -> torch.Tensor:
     other numbers in another batch. Here exp(-|x|) is 2^n * (a degree-7 Taylor polynomial of the
     remainder), every step a +, *, /, floor or bit shift, so each element's result is a function
     of its own value alone."""
-    y = x.abs().neg_().clamp_(min=-87.0)                                   # exp(y), y <= 0
+    y = x.abs().neg_().clamp_(min=-87.0)  # exp(y), y <= 0
     n = torch.floor_(y * _LOG2E + 0.5)
-    r = y.sub_(n * _LN2_HI).sub_(n * _LN2_LO)                              # |r| <= ln2 / 2
+    r = y.sub_(n * _LN2_HI).sub_(n * _LN2_LO)  # |r| <= ln2 / 2
     p = r * _EXP_TAYLOR[0] + _EXP_TAYLOR[1]
     for coefficient in _EXP_TAYLOR[2:]:
         p.mul_(r).add_(coefficient)
-    z = p.mul_(((n.to(torch.int32) + 127) << 23).view(torch.float32))    # exp(-|x|)
-    return torch.where(x >= 0, 1.0, z).div_(z.add_(1.0)).mul_(x)          # sigmoid(x) * x
+    z = p.mul_(((n.to(torch.int32) + 127) << 23).view(torch.float32))  # exp(-|x|)
+    return torch.where(x >= 0, 1.0, z).div_(z.add_(1.0)).mul_(x)  # sigmoid(x) * x
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -116,32 +115,41 @@ class ReferenceModel:
         self.embed = normal(c.vocab_size, c.hidden_size, std=1.0)
         self.layers = []
         for _ in range(c.num_layers):
-            self.layers.append({
-                "attn_norm": torch.ones(c.hidden_size, dtype=dt),
-                "wq": normal(c.hidden_size, c.hidden_size, std=c.hidden_size ** -0.5),
-                "wk": normal(c.hidden_size, kv_dim, std=c.hidden_size ** -0.5),
-                "wv": normal(c.hidden_size, kv_dim, std=c.hidden_size ** -0.5),
-                "wo": normal(c.hidden_size, c.hidden_size, std=c.hidden_size ** -0.5),
-                "mlp_norm": torch.ones(c.hidden_size, dtype=dt),
-                "w_gate": normal(c.hidden_size, c.intermediate_size, std=c.hidden_size ** -0.5),
-                "w_up": normal(c.hidden_size, c.intermediate_size, std=c.hidden_size ** -0.5),
-                "w_down": normal(c.intermediate_size, c.hidden_size, std=c.intermediate_size ** -0.5),
-            })
+            self.layers.append(
+                {
+                    "attn_norm": torch.ones(c.hidden_size, dtype=dt),
+                    "wq": normal(c.hidden_size, c.hidden_size, std=c.hidden_size**-0.5),
+                    "wk": normal(c.hidden_size, kv_dim, std=c.hidden_size**-0.5),
+                    "wv": normal(c.hidden_size, kv_dim, std=c.hidden_size**-0.5),
+                    "wo": normal(c.hidden_size, c.hidden_size, std=c.hidden_size**-0.5),
+                    "mlp_norm": torch.ones(c.hidden_size, dtype=dt),
+                    "w_gate": normal(c.hidden_size, c.intermediate_size, std=c.hidden_size**-0.5),
+                    "w_up": normal(c.hidden_size, c.intermediate_size, std=c.hidden_size**-0.5),
+                    "w_down": normal(c.intermediate_size, c.hidden_size, std=c.intermediate_size**-0.5),
+                }
+            )
         self.final_norm = torch.ones(c.hidden_size, dtype=dt)
-        self.lm_head = normal(c.hidden_size, c.vocab_size, std=c.hidden_size ** -0.5)
+        self.lm_head = normal(c.hidden_size, c.vocab_size, std=c.hidden_size**-0.5)
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
         angles = torch.outer(torch.arange(c.max_positions, dtype=torch.float64), inv_freq)
         angles = torch.cat((angles, angles), dim=-1)
         self._cos, self._sin = angles.cos().to(dt), angles.sin().to(dt)
 
-    def forward(self, tokens: Sequence[int], start: int, cache: PagedKVCache, table: Sequence[int],
-                on_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: Sequence[int],
+        start: int,
+        cache: PagedKVCache,
+        table: Sequence[int],
+        on_layer: Callable[[int], None] | None = None,
+    ) -> torch.Tensor:
         """One chunk alone (`forward_batch` of one): the logits of its last position."""
         return self.forward_batch([Chunk(tokens, start, table)], cache, on_layer)[0]
 
     @torch.inference_mode()
-    def forward_batch(self, chunks: Sequence[Chunk], cache: PagedKVCache,
-                      on_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+    def forward_batch(
+        self, chunks: Sequence[Chunk], cache: PagedKVCache, on_layer: Callable[[int], None] | None = None
+    ) -> torch.Tensor:
         """Run every chunk of one batch: chunk i covers positions [start, start+len(tokens)) of a
         sequence whose earlier KV is already in `cache` under block `table`; writes the chunks' KV
         there. `on_layer(l)` is called once layer l's KV for every chunk is in the cache (a save of
@@ -188,15 +196,15 @@ class ReferenceModel:
         b, m = len(chunks), len(chunks[0].tokens)
         group = c.num_heads // c.num_kv_heads
         keys, values = cache.gather(layer, [ch.table for ch in chunks], max(ch.end for ch in chunks))
-        length = keys.shape[2]                                                  # [b, kv_heads, length, dim]
-        query_pos = torch.stack([torch.arange(ch.start, ch.end) for ch in chunks])      # [b, m]
-        masked = torch.arange(length)[None, None, :] > query_pos[:, :, None]            # [b, m, length]
+        length = keys.shape[2]  # [b, kv_heads, length, dim]
+        query_pos = torch.stack([torch.arange(ch.start, ch.end) for ch in chunks])  # [b, m]
+        masked = torch.arange(length)[None, None, :] > query_pos[:, :, None]  # [b, m, length]
         qg = q.view(b, m, c.num_kv_heads, group, c.head_dim).permute(0, 2, 3, 1, 4)
         qg = qg.reshape(b, c.num_kv_heads, group * m, c.head_dim)
-        scores = _bmm(qg, keys.transpose(-1, -2)) / math.sqrt(c.head_dim)              # [b, kvh, g*m, length]
+        scores = _bmm(qg, keys.transpose(-1, -2)) / math.sqrt(c.head_dim)  # [b, kvh, g*m, length]
         scores = scores.view(b, c.num_kv_heads, group, m, length).masked_fill(masked[:, None, None], float("-inf"))
         probs = scores.softmax(dim=-1).view(b, c.num_kv_heads, group * m, length)
-        out = _sum_over_keys(probs, values)                                             # [b, kvh, g*m, dim]
+        out = _sum_over_keys(probs, values)  # [b, kvh, g*m, dim]
         return out.view(b, c.num_kv_heads, group, m, c.head_dim).permute(0, 3, 1, 2, 4).reshape(b * m, c.hidden_size)
 
 
@@ -237,7 +245,7 @@ def _sum_over_keys(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     any length: the pieces past its last key hold probabilities of exactly 0 and add nothing."""
     out = None
     for start in range(0, probs.shape[-1], _KEY_PIECE):
-        p, v = probs[..., start:start + _KEY_PIECE], values[..., start:start + _KEY_PIECE, :]
+        p, v = probs[..., start : start + _KEY_PIECE], values[..., start : start + _KEY_PIECE, :]
         if (short := _KEY_PIECE - p.shape[-1]) > 0:
             p, v = F.pad(p, (0, short)), F.pad(v, (0, 0, 0, short))
         part = _bmm(p, v)

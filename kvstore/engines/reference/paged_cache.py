@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -55,12 +55,14 @@ class PagedKVCache:
 
     def __init__(self, shape: CacheShape) -> None:
         self.shape = shape
-        self.layers = [torch.zeros(shape.num_blocks, 2, shape.block_size, shape.num_kv_heads, shape.head_dim,
-                                   dtype=shape.dtype) for _ in range(shape.num_layers)]
+        self.layers = [
+            torch.zeros(shape.num_blocks, 2, shape.block_size, shape.num_kv_heads, shape.head_dim, dtype=shape.dtype)
+            for _ in range(shape.num_layers)
+        ]
         self._free = list(range(shape.num_blocks - 1, -1, -1))
         self._used: set[int] = set()
         self._pins: Counter[int] = Counter()
-        self._released: set[int] = set()              # freed while pinned: free once unpinned
+        self._released: set[int] = set()  # freed while pinned: free once unpinned
         self._lock = threading.Lock()
 
     @property
@@ -125,8 +127,9 @@ class PagedKVCache:
             offsets.append(pos % bs)
         return torch.cat(blocks), torch.cat(offsets)
 
-    def write_slots(self, layer: int, slots: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
-                    v: torch.Tensor) -> None:
+    def write_slots(
+        self, layer: int, slots: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """Store K, V `[positions, kv_heads, head_dim]` at `slots` (from `slots`)."""
         blocks, offsets = slots
         self.layers[layer][blocks, 0, offsets] = k
@@ -141,7 +144,7 @@ class PagedKVCache:
         ids = torch.zeros(len(tables), n, dtype=torch.long)
         for row, table in enumerate(tables):
             own = list(table[:n])
-            ids[row, :len(own)] = torch.as_tensor(own, dtype=torch.long)
+            ids[row, : len(own)] = torch.as_tensor(own, dtype=torch.long)
         b, bs, heads, dim = len(tables), self.shape.block_size, self.shape.num_kv_heads, self.shape.head_dim
         kv = self.layers[layer].index_select(0, ids.view(-1)).view(b, n, 2, bs, heads, dim)
         kv = kv.permute(2, 0, 4, 1, 3, 5).reshape(2, b, heads, n * bs, dim)

@@ -17,17 +17,18 @@ Policy only: the engine runs the batch, samples, and tells the scheduler what ha
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence as Seq
+from typing import Protocol
 
 from kvstore.engines.reference.sequence import Sequence, Status
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64              # sequences loading or running at once
-    max_batch_tokens: int = 512         # tokens computed per step, all sequences together
-    chunked_prefill: bool = True        # else a prompt is computed whole, in a step of its own budget
+    max_num_seqs: int = 64  # sequences loading or running at once
+    max_batch_tokens: int = 512  # tokens computed per step, all sequences together
+    chunked_prefill: bool = True  # else a prompt is computed whole, in a step of its own budget
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_batch_tokens < 1:
@@ -48,13 +49,13 @@ class BlockPool(Protocol):
 @dataclass(frozen=True)
 class Scheduled:
     seq: Sequence
-    num_tokens: int                     # positions [seq.num_computed, + num_tokens) this step
+    num_tokens: int  # positions [seq.num_computed, + num_tokens) this step
 
 
 @dataclass
 class Batch:
     chunks: list[Scheduled] = field(default_factory=list)
-    loads: list[Sequence] = field(default_factory=list)        # admitted into LOADING this step
+    loads: list[Sequence] = field(default_factory=list)  # admitted into LOADING this step
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -73,7 +74,7 @@ class Scheduler:
         self.block_size = block_size
         self.waiting: deque[Sequence] = deque()
         self.loading: list[Sequence] = []
-        self.running: list[Sequence] = []           # admission order: oldest first
+        self.running: list[Sequence] = []  # admission order: oldest first
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -88,7 +89,7 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not Status.RUNNING:        # preempted earlier in this loop
+            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.remaining, budget)
             while not self._reserve(seq, n):
@@ -100,8 +101,12 @@ class Scheduler:
             if seq.status is Status.RUNNING:
                 batch.chunks.append(Scheduled(seq, n))
                 budget -= n
-        while (self.waiting and budget > 0 and not batch.preempted         # no room: no newcomers
-               and len(self.loading) + len(self.running) < self.config.max_num_seqs):
+        while (
+            self.waiting
+            and budget > 0
+            and not batch.preempted  # no room: no newcomers
+            and len(self.loading) + len(self.running) < self.config.max_num_seqs
+        ):
             seq = self.waiting[0]
             if seq.to_load:
                 if not self._reserve(seq, seq.to_load * self.block_size - seq.num_computed):

@@ -21,8 +21,9 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any, AsyncIterator
+from typing import Any
 
 from prometheus_client import generate_latest
 from starlette.applications import Starlette
@@ -34,6 +35,7 @@ from kvstore.engines.metrics import MetricsSink
 from kvstore.engines.reference.engine import Generation, GenerationRequest, InvalidRequest, ReferenceEngine
 from kvstore.engines.serving import SSE_DONE, sse
 from kvstore.engines.tokenizer import ByteTokenizer
+
 
 class EngineWorker:
     """Runs the engine's loop on its own thread; requests join the running batch as they come."""
@@ -92,31 +94,47 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
     worker: EngineWorker | None = None
     model_name = engine.model.config.name
 
-    def chunk(rid: str, created: int, text: str, ids: list[int], finish: str | None,
-              **extra: Any) -> dict[str, Any]:
-        return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "text": text, "token_ids": ids, "finish_reason": finish}], **extra}
+    def chunk(rid: str, created: int, text: str, ids: list[int], finish: str | None, **extra: Any) -> dict[str, Any]:
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model_name,
+            "choices": [{"index": 0, "text": text, "token_ids": ids, "finish_reason": finish}],
+            **extra,
+        }
 
     def trailer(gen: Generation) -> dict[str, Any]:
-        usage = {"prompt_tokens": gen.metrics.prompt_tokens, "completion_tokens": len(gen.tokens),
-                 "total_tokens": gen.metrics.prompt_tokens + len(gen.tokens)}
-        return {"usage": usage, "kv_transfer_params": gen.kv_transfer_params, "kvstore": asdict(gen.metrics),
-                "kvstore_links": [link.to_dict() for link in engine.links()]}
+        usage = {
+            "prompt_tokens": gen.metrics.prompt_tokens,
+            "completion_tokens": len(gen.tokens),
+            "total_tokens": gen.metrics.prompt_tokens + len(gen.tokens),
+        }
+        return {
+            "usage": usage,
+            "kv_transfer_params": gen.kv_transfer_params,
+            "kvstore": asdict(gen.metrics),
+            "kvstore_links": [link.to_dict() for link in engine.links()],
+        }
 
     async def completions(request: Request) -> Response:
         try:
             body = await request.json()
             prompt = tokenizer.prompt_ids(body.get("prompt", ""))
             params = body.get("kv_transfer_params") or {}
-            req = GenerationRequest(request.headers.get("x-request-id") or _completion_id(), prompt,
-                                    int(body.get("max_tokens", 16)),
-                                    int(params.get("expected_cached_tokens", 0)))
+            req = GenerationRequest(
+                request.headers.get("x-request-id") or _completion_id(),
+                prompt,
+                int(body.get("max_tokens", 16)),
+                int(params.get("expected_cached_tokens", 0)),
+            )
             engine.validate(req)
         except (ValueError, TypeError, InvalidRequest) as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
         events = worker.submit(req)
         created = int(time.time())
         if body.get("stream"):
+
             async def stream():
                 while True:
                     kind, value = await events.get()
@@ -129,12 +147,21 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
                         yield sse({"error": {"message": value, "type": "engine_error"}})
                         break
                 yield SSE_DONE
+
             return StreamingResponse(stream(), media_type="text/event-stream")
         while True:
             kind, value = await events.get()
             if kind == "done":
-                return JSONResponse(chunk(req.request_id, created, tokenizer.decode(value.tokens),
-                                          value.tokens, "length", **trailer(value)))
+                return JSONResponse(
+                    chunk(
+                        req.request_id,
+                        created,
+                        tokenizer.decode(value.tokens),
+                        value.tokens,
+                        "length",
+                        **trailer(value),
+                    )
+                )
             if kind == "error":
                 return JSONResponse({"error": {"message": value, "type": "engine_error"}}, 500)
 
@@ -148,7 +175,7 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
 
     async def metrics(_: Request) -> Response:
         text = sink.exposition()
-        if store_metrics is not None:               # the store client's transfers and links, mounted here
+        if store_metrics is not None:  # the store client's transfers and links, mounted here
             text += generate_latest(store_metrics.registry)
         return Response(text, media_type="text/plain; version=0.0.4")
 
@@ -178,9 +205,15 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
             await asyncio.to_thread(worker.stop)
             engine.close()
 
-    return Starlette(routes=[
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models), Route("/kvstore/info", info), Route("/load", load),
-        Route("/metrics", metrics), Route("/health", health),
-        Route("/admin/faults", faults, methods=["POST"]),
-    ], lifespan=lifespan)
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/kvstore/info", info),
+            Route("/load", load),
+            Route("/metrics", metrics),
+            Route("/health", health),
+            Route("/admin/faults", faults, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )

@@ -20,8 +20,8 @@ decode_blocks) with the queue in tokens, extended by the store tier.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence
 
 from kvstore.engines.router.policy import Decision, InstanceLoad, Policy, Pools, RouteRequest
 
@@ -43,13 +43,17 @@ class PrefixAffinity:
         if (target, prefill) == (decision.target, decision.prefill):
             return decision
         chosen = prefill or target
-        note = (f"; prefix affinity: {target}" + (f" (prefill {prefill})" if prefill else "")
-                + f" holds {req.instance_cached.get(chosen, 0)} of {req.prompt_tokens} tokens")
+        note = (
+            f"; prefix affinity: {target}"
+            + (f" (prefill {prefill})" if prefill else "")
+            + f" holds {req.instance_cached.get(chosen, 0)} of {req.prompt_tokens} tokens"
+        )
         return replace(decision, target=target, prefill=prefill, reason=decision.reason + note)
 
 
-def cost(url: str, req: RouteRequest, pools: Pools, loads: Mapping[str, InstanceLoad],
-         w: float = 0.0) -> tuple[float, int, str]:
+def cost(
+    url: str, req: RouteRequest, pools: Pools, loads: Mapping[str, InstanceLoad], w: float = 0.0
+) -> tuple[float, int, str]:
     n = req.prompt_tokens
     own = min(req.instance_cached.get(url, 0), n)
     store = 0 if url in pools.storeless else min(req.cached_tokens, n)
@@ -57,6 +61,7 @@ def cost(url: str, req: RouteRequest, pools: Pools, loads: Mapping[str, Instance
     return (n - max(own, store) + w * max(0, store - own) + load.tokens, load.requests, url)
 
 
-def cheapest(urls: Sequence[str], req: RouteRequest, pools: Pools, loads: Mapping[str, InstanceLoad],
-             w: float = 0.0) -> str:
+def cheapest(
+    urls: Sequence[str], req: RouteRequest, pools: Pools, loads: Mapping[str, InstanceLoad], w: float = 0.0
+) -> str:
     return min(urls, key=lambda u: cost(u, req, pools, loads, w))

@@ -15,8 +15,9 @@ registered in `kvstore/engines/router/cli.py`:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import httpx
 
@@ -36,18 +37,18 @@ class Rejected(ValueError):
 
 @dataclass(frozen=True)
 class Discovery:
-    kv_bytes_per_token: int             # for the cost model's link estimate
-    storeless: frozenset[str]           # instances without a store: they recompute every prompt
+    kv_bytes_per_token: int  # for the cost model's link estimate
+    storeless: frozenset[str]  # instances without a store: they recompute every prompt
 
 
 @dataclass(frozen=True)
 class Prompt:
     """One request's prompt as the instances will see it."""
 
-    payload: str | list[int]            # what the instances are sent as `prompt`
-    tokens: int                         # its length in the model's tokens (estimated where noted)
-    cached_tokens: int = 0              # leading tokens whose KV kvstore holds (0: not looked up)
-    lookup_failed: bool | None = None   # the router asked kvstore and got no answer (None: did not ask)
+    payload: str | list[int]  # what the instances are sent as `prompt`
+    tokens: int  # its length in the model's tokens (estimated where noted)
+    cached_tokens: int = 0  # leading tokens whose KV kvstore holds (0: not looked up)
+    lookup_failed: bool | None = None  # the router asked kvstore and got no answer (None: did not ask)
     instance_cached: Mapping[str, int] = field(default_factory=dict)  # per instance: in its own cache
 
 
@@ -56,7 +57,7 @@ class Handoff:
     """What tells a generating instance that KV is waiting for it in kvstore."""
 
     kv_transfer_params: dict[str, Any]
-    tokens: int                         # prompt tokens it should load rather than compute
+    tokens: int  # prompt tokens it should load rather than compute
 
 
 class StreamFold(Protocol):
@@ -85,8 +86,9 @@ class Backend(Protocol):
     def prefill_body(self, body: dict[str, Any], prompt: Prompt) -> dict[str, Any]:
         """The request to a prefill instance: compute the prompt, save its KV, one token out."""
 
-    def prefilled(self, answer: dict[str, Any], wall_s: float, prompt: Prompt, rec: RequestMetrics,
-                  telemetry: Telemetry) -> Handoff | None:
+    def prefilled(
+        self, answer: dict[str, Any], wall_s: float, prompt: Prompt, rec: RequestMetrics, telemetry: Telemetry
+    ) -> Handoff | None:
         """Fold a prefill instance's answer (which took `wall_s` on the router's clock) into `rec`
         and `telemetry`; the hand-off for the decode instance, None if nothing was stored.
         Raises KeyError or ValueError for a malformed answer."""

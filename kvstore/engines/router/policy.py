@@ -44,9 +44,10 @@ estimates, the cost rule is never worse than it on long prompts, since it picks 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping, NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol
 
 from kvstore.engines.router.telemetry import Telemetry
 
@@ -59,8 +60,8 @@ class Route(str, Enum):
 
 @dataclass(frozen=True)
 class InstanceLoad:
-    requests: int = 0               # requests sent and not finished
-    tokens: int = 0                 # prompt tokens those requests still have to compute
+    requests: int = 0  # requests sent and not finished
+    tokens: int = 0  # prompt tokens those requests still have to compute
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class Pools:
     prefill: tuple[str, ...] = ()
     decode: tuple[str, ...] = ()
     colocated: tuple[str, ...] = ()
-    storeless: frozenset[str] = frozenset()     # instances that cannot load KV from kvstore
+    storeless: frozenset[str] = frozenset()  # instances that cannot load KV from kvstore
 
     def __post_init__(self) -> None:
         if not (self.decode or self.colocated):
@@ -78,7 +79,7 @@ class Pools:
 @dataclass(frozen=True)
 class RouteRequest:
     prompt_tokens: int
-    cached_tokens: int = 0          # leading prompt tokens whose KV kvstore holds
+    cached_tokens: int = 0  # leading prompt tokens whose KV kvstore holds
     # leading prompt tokens each instance holds in its own cache, where known (from KV events:
     # kvstore/engines/router/prefix_index.py); read by the PrefixAffinity wrapper (affinity.py)
     instance_cached: Mapping[str, int] = field(default_factory=dict)
@@ -91,33 +92,35 @@ class RouteRequest:
 class Estimate(NamedTuple):
     """What a hand-off would cost and buy for one request, on the router's measurements now."""
 
-    kv_bytes: int                   # KV bytes the hand-off moves beyond what the local route loads
-    bandwidth: float                # bytes/s, measured from recent loads (or assumed)
-    transfer_s: float               # kv_bytes / bandwidth
-    compute_saved_s: float          # prefix the prefill instance loads but a store-less local recomputes
-    queue_saved_s: float            # prompt tokens queued ahead: local instance minus prefill instance
-    interference_saved_s: float     # streams stalled and arrivals delayed: local minus prefill instance
+    kv_bytes: int  # KV bytes the hand-off moves beyond what the local route loads
+    bandwidth: float  # bytes/s, measured from recent loads (or assumed)
+    transfer_s: float  # kv_bytes / bandwidth
+    compute_saved_s: float  # prefix the prefill instance loads but a store-less local recomputes
+    queue_saved_s: float  # prompt tokens queued ahead: local instance minus prefill instance
+    interference_saved_s: float  # streams stalled and arrivals delayed: local minus prefill instance
 
     @property
     def saved_s(self) -> float:
         return self.compute_saved_s + self.queue_saved_s + self.interference_saved_s
 
     def describe(self) -> str:
-        return (f"transfer {self.transfer_s * 1e3:.1f} ms ({self.kv_bytes / 1e6:.1f} MB at "
-                f"{self.bandwidth / 1e6:.0f} MB/s) vs saved {self.saved_s * 1e3:.1f} ms (queue "
-                f"{self.queue_saved_s * 1e3:.1f} + interference {self.interference_saved_s * 1e3:.1f} + "
-                f"compute {self.compute_saved_s * 1e3:.1f})")
+        return (
+            f"transfer {self.transfer_s * 1e3:.1f} ms ({self.kv_bytes / 1e6:.1f} MB at "
+            f"{self.bandwidth / 1e6:.0f} MB/s) vs saved {self.saved_s * 1e3:.1f} ms (queue "
+            f"{self.queue_saved_s * 1e3:.1f} + interference {self.interference_saved_s * 1e3:.1f} + "
+            f"compute {self.compute_saved_s * 1e3:.1f})"
+        )
 
 
 @dataclass(frozen=True)
 class Decision:
     route: Route
-    target: str                     # the instance that generates the output
-    prefill: str | None = None      # the prefill instance (pd only)
+    target: str  # the instance that generates the output
+    prefill: str | None = None  # the prefill instance (pd only)
     reason: str = ""
     transfer_s: float | None = None
     saved_s: float | None = None
-    rule: str = ""                  # which rule decided: cached | short | queue | cost | fixed | dynamo | no-pair
+    rule: str = ""  # which rule decided: cached | short | queue | cost | fixed | dynamo | no-pair
     estimate: Estimate | None = None
 
 
@@ -130,17 +133,16 @@ class CostModel:
     max_decode_tail_tokens: int = 64
     min_disagg_tokens: int = 512
     max_prefill_queue: int = 8
-    interference_weight: float = 1.0    # a second of stalled decode stream vs a second of TTFT
-    default_bandwidth: float = 1e9      # bytes/s, until transfers are measured
+    interference_weight: float = 1.0  # a second of stalled decode stream vs a second of TTFT
+    default_bandwidth: float = 1e9  # bytes/s, until transfers are measured
     default_prefill_tps: float = 2000.0  # tokens/s, until prefills are measured
-    window_s: float = 60.0              # measurements older than this are forgotten
+    window_s: float = 60.0  # measurements older than this are forgotten
     max_local_prefill_length: int = 1000  # DynamoPolicy's threshold
 
     def __post_init__(self) -> None:
         if not 0.0 < self.cached_fraction <= 1.0:
             raise ValueError("cached_fraction must be in (0, 1]")
-        for name in ("kv_bytes_per_token", "default_bandwidth", "default_prefill_tps", "window_s",
-                     "max_prefill_queue"):
+        for name in ("kv_bytes_per_token", "default_bandwidth", "default_prefill_tps", "window_s", "max_prefill_queue"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 
@@ -161,15 +163,22 @@ def _local(pools: Pools, loads: Mapping[str, InstanceLoad]) -> str:
     return least_loaded(pools.colocated or pools.decode, loads)
 
 
-def _cached_decision(req: RouteRequest, pools: Pools, loads: Mapping[str, InstanceLoad],
-                     model: CostModel) -> Decision | None:
+def _cached_decision(
+    req: RouteRequest, pools: Pools, loads: Mapping[str, InstanceLoad], model: CostModel
+) -> Decision | None:
     if not pools.decode or req.cached_tokens <= 0:
         return None
-    if (req.cached_tokens >= model.cached_fraction * req.prompt_tokens
-            or req.uncached_tokens <= model.max_decode_tail_tokens):
-        return Decision(Route.DECODE, least_loaded(pools.decode, loads),
-                        reason=f"prefix cached: {req.cached_tokens}/{req.prompt_tokens} tokens in kvstore, "
-                               f"{req.uncached_tokens} recomputed on decode", rule="cached")
+    if (
+        req.cached_tokens >= model.cached_fraction * req.prompt_tokens
+        or req.uncached_tokens <= model.max_decode_tail_tokens
+    ):
+        return Decision(
+            Route.DECODE,
+            least_loaded(pools.decode, loads),
+            reason=f"prefix cached: {req.cached_tokens}/{req.prompt_tokens} tokens in kvstore, "
+            f"{req.uncached_tokens} recomputed on decode",
+            rule="cached",
+        )
     return None
 
 
@@ -189,27 +198,37 @@ class CostPolicy:
             return Decision(Route.COLOCATED, local, reason="no prefill/decode pair configured", rule="no-pair")
         prefill = least_loaded(pools.prefill, loads)
         n_local = req.prompt_tokens if local in pools.storeless else req.uncached_tokens
-        est = self.estimate(req, n_local, loads.get(local, InstanceLoad()), local,
-                            loads.get(prefill, InstanceLoad()), prefill)
+        est = self.estimate(
+            req, n_local, loads.get(local, InstanceLoad()), local, loads.get(prefill, InstanceLoad()), prefill
+        )
+
         def decided(route: Route, target: str, reason: str, rule: str, prefill: str | None = None) -> Decision:
             return Decision(route, target, prefill, reason, est.transfer_s, est.saved_s, rule, est)
 
         if n_local < m.min_disagg_tokens:
-            return decided(Route.COLOCATED, local, f"short prompt: {n_local} tokens to compute < "
-                           f"{m.min_disagg_tokens}; {est.describe()}", "short")
+            return decided(
+                Route.COLOCATED,
+                local,
+                f"short prompt: {n_local} tokens to compute < {m.min_disagg_tokens}; {est.describe()}",
+                "short",
+            )
         p_load, l_load, t = loads.get(prefill, InstanceLoad()), loads.get(local, InstanceLoad()), self.telemetry
         if p_load.requests >= m.max_prefill_queue:
-            return decided(Route.COLOCATED, local, f"prefill queue full: {p_load.requests} requests on {prefill}",
-                           "queue")
-        detail = (f"{est.describe()}; prefill {req.uncached_tokens / t.prefill_tps() * 1e3:.1f} ms at "
-                  f"{t.prefill_tps():.0f} tok/s; local {l_load.requests} requests, {t.arrival_rate(local):.2f}/s; "
-                  f"prefill {p_load.requests} requests, {t.arrival_rate(prefill):.2f}/s")
+            return decided(
+                Route.COLOCATED, local, f"prefill queue full: {p_load.requests} requests on {prefill}", "queue"
+            )
+        detail = (
+            f"{est.describe()}; prefill {req.uncached_tokens / t.prefill_tps() * 1e3:.1f} ms at "
+            f"{t.prefill_tps():.0f} tok/s; local {l_load.requests} requests, {t.arrival_rate(local):.2f}/s; "
+            f"prefill {p_load.requests} requests, {t.arrival_rate(prefill):.2f}/s"
+        )
         if est.transfer_s >= est.saved_s:
             return decided(Route.COLOCATED, local, f"colocated: {detail}", "cost")
         return decided(Route.PD, least_loaded(pools.decode, loads), f"pd: {detail}", "cost", prefill)
 
-    def estimate(self, req: RouteRequest, n_local: int, l_load: InstanceLoad, local: str, p_load: InstanceLoad,
-                 prefill: str) -> Estimate:
+    def estimate(
+        self, req: RouteRequest, n_local: int, l_load: InstanceLoad, local: str, p_load: InstanceLoad, prefill: str
+    ) -> Estimate:
         """The cost model's terms for sending `req` to `prefill` rather than computing `n_local` of
         its tokens on `local` (module docstring, rule 4)."""
         m, t = self.model, self.telemetry
@@ -218,12 +237,18 @@ class CostPolicy:
 
         def interference(load: InstanceLoad, arrivals: float, tokens: int) -> float:
             busy = tokens / tps
-            return m.interference_weight * (busy * load.requests + arrivals * busy ** 2 / 2)
+            return m.interference_weight * (busy * load.requests + arrivals * busy**2 / 2)
 
         kv_bytes = (2 * n - (n - n_local)) * m.kv_bytes_per_token
-        return Estimate(kv_bytes, bw, kv_bytes / bw, (n_local - u) / tps, (l_load.tokens - p_load.tokens) / tps,
-                        interference(l_load, t.arrival_rate(local), n_local)
-                        - interference(InstanceLoad(0, p_load.tokens), t.arrival_rate(prefill), u))
+        return Estimate(
+            kv_bytes,
+            bw,
+            kv_bytes / bw,
+            (n_local - u) / tps,
+            (l_load.tokens - p_load.tokens) / tps,
+            interference(l_load, t.arrival_rate(local), n_local)
+            - interference(InstanceLoad(0, p_load.tokens), t.arrival_rate(prefill), u),
+        )
 
 
 class DynamoPolicy:
@@ -242,11 +267,20 @@ class DynamoPolicy:
         prefill = least_loaded(pools.prefill, loads)
         queue = loads.get(prefill, InstanceLoad()).requests
         if req.uncached_tokens > m.max_local_prefill_length and queue < m.max_prefill_queue:
-            return Decision(Route.PD, least_loaded(pools.decode, loads), prefill,
-                            reason=f"dynamo: {req.uncached_tokens} uncached > {m.max_local_prefill_length}, "
-                                   f"prefill queue {queue} < {m.max_prefill_queue}", rule="dynamo")
-        return Decision(Route.COLOCATED, local, reason=f"dynamo: local prefill of {req.uncached_tokens} tokens "
-                                                       f"(prefill queue {queue})", rule="dynamo")
+            return Decision(
+                Route.PD,
+                least_loaded(pools.decode, loads),
+                prefill,
+                reason=f"dynamo: {req.uncached_tokens} uncached > {m.max_local_prefill_length}, "
+                f"prefill queue {queue} < {m.max_prefill_queue}",
+                rule="dynamo",
+            )
+        return Decision(
+            Route.COLOCATED,
+            local,
+            reason=f"dynamo: local prefill of {req.uncached_tokens} tokens (prefill queue {queue})",
+            rule="dynamo",
+        )
 
 
 class FixedPolicy:
@@ -265,8 +299,13 @@ class FixedPolicy:
             return Decision(Route.COLOCATED, _local(pools, loads), reason="fixed: colocated", rule="fixed")
         if (cached := _cached_decision(req, pools, loads, self.model)) is not None:
             return cached
-        return Decision(Route.PD, least_loaded(pools.decode, loads), least_loaded(pools.prefill, loads),
-                        reason="fixed: pd", rule="fixed")
+        return Decision(
+            Route.PD,
+            least_loaded(pools.decode, loads),
+            least_loaded(pools.prefill, loads),
+            reason="fixed: pd",
+            rule="fixed",
+        )
 
 
 def make_policy(name: str, model: CostModel, telemetry: Telemetry) -> Policy:

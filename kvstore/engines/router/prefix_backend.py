@@ -52,8 +52,9 @@ class PrefixVLLMBackend(VLLMBackend):
         else:
             raise ValueError("prompt must be a non-empty string or a list of token ids (one prompt a request)")
         hits = self.index.lookup(ids, model)
-        return Prompt(payload, len(ids), cached_tokens=min(hits.store_tokens, len(ids)),
-                      instance_cached=hits.instance_tokens)
+        return Prompt(
+            payload, len(ids), cached_tokens=min(hits.store_tokens, len(ids)), instance_cached=hits.instance_tokens
+        )
 
     async def _tokens(self, http: httpx.AsyncClient, model: str, text: str) -> list[int] | None:
         try:
@@ -62,7 +63,12 @@ class PrefixVLLMBackend(VLLMBackend):
             return [int(t) for t in resp.json()["tokens"]]
         except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
             if not self._warned_estimate:
-                log.warning("/tokenize on %s failed (%s): routing without prefix knowledge, estimating prompt "
-                            "lengths as characters / %d", self.tokenize_url, exc, CHARS_PER_TOKEN)
+                log.warning(
+                    "/tokenize on %s failed (%s): routing without prefix knowledge, estimating prompt "
+                    "lengths as characters / %d",
+                    self.tokenize_url,
+                    exc,
+                    CHARS_PER_TOKEN,
+                )
                 self._warned_estimate = True
             return None

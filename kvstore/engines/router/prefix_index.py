@@ -17,8 +17,9 @@ router that routes on a stale hint costs a recompute, never a wrong answer.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from kvstore import blockhash
 from kvstore.events.subscriber import EventSubscriber
@@ -34,7 +35,7 @@ class EventSource:
     replay_endpoint: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "EventSource":
+    def parse(cls, text: str) -> EventSource:
         """'tcp://host:port' or 'tcp://host:port,tcp://host:replay_port'."""
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not 1 <= len(parts) <= 2 or not all(p.startswith(("tcp://", "ipc://")) for p in parts):
@@ -43,8 +44,8 @@ class EventSource:
 
 
 class PrefixHits(NamedTuple):
-    store_tokens: int                   # leading prompt tokens kvstore holds (any tier)
-    instance_tokens: dict[str, int]     # per instance URL: leading tokens in its own cache
+    store_tokens: int  # leading prompt tokens kvstore holds (any tier)
+    instance_tokens: dict[str, int]  # per instance URL: leading tokens in its own cache
 
 
 class PrefixIndex:
@@ -77,17 +78,23 @@ class PrefixIndex:
         instances = {url: cache.match(chain).blocks * self.block_size for url, (cache, _) in self._engines.items()}
         store = 0
         if self._store is not None:
-            store_chain = chain if self.store_seed == ENGINE_SEED else [
-                blockhash.short(d) for d in blockhash.chain(token_ids, self.block_size, self.store_seed)]
+            store_chain = (
+                chain
+                if self.store_seed == ENGINE_SEED
+                else [blockhash.short(d) for d in blockhash.chain(token_ids, self.block_size, self.store_seed)]
+            )
             store = self._store[0].table.match(self.tenant, model, store_chain).blocks * self.block_size
         return PrefixHits(store, instances)
 
     def stats(self) -> dict[str, Any]:
         """What it knows, for /router/state: blocks per instance and in the store, and the events'
         health (gaps replayed, losses, blocks that came without tokens or parent)."""
-        out: dict[str, Any] = {"instances": {url: {"blocks": len(cache), "unplaced": cache.unplaced,
-                                                   **sub.stats()._asdict()}
-                                             for url, (cache, sub) in self._engines.items()}}
+        out: dict[str, Any] = {
+            "instances": {
+                url: {"blocks": len(cache), "unplaced": cache.unplaced, **sub.stats()._asdict()}
+                for url, (cache, sub) in self._engines.items()
+            }
+        }
         if self._store is not None:
             handler, sub = self._store
             out["store"] = {"blocks": len(handler.table), **sub.stats()._asdict()}

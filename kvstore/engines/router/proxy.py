@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -36,8 +37,15 @@ _REJECTED = frozenset({400, 404, 422})
 
 
 class Router:
-    def __init__(self, pools: Pools, policy: Policy, telemetry: Telemetry, backend: Backend,
-                 http: httpx.AsyncClient, sink: MetricsSink) -> None:
+    def __init__(
+        self,
+        pools: Pools,
+        policy: Policy,
+        telemetry: Telemetry,
+        backend: Backend,
+        http: httpx.AsyncClient,
+        sink: MetricsSink,
+    ) -> None:
         self.pools = pools
         self.policy = policy
         self.telemetry = telemetry
@@ -64,14 +72,26 @@ class Router:
         arrival = time.perf_counter()
         prompt = await self.backend.prompt(self.http, body)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
-        request_id.set(rid)             # this request's log lines carry it; instances get it as X-Request-Id
+        request_id.set(rid)  # this request's log lines carry it; instances get it as X-Request-Id
         headers = {REQUEST_ID_HEADER: rid}
-        decision = self.policy.decide(RouteRequest(prompt.tokens, prompt.cached_tokens, prompt.instance_cached),
-                                      self.pools, self.loads())
-        log.info("request %s: %d tokens, %d cached -> %s (%s)", rid, prompt.tokens, prompt.cached_tokens,
-                 decision.route.value, decision.reason)
-        rec = RequestMetrics(rid, decision.route.value, prompt_tokens=prompt.tokens, reason=decision.reason,
-                             kv_lookup_failed=prompt.lookup_failed)
+        decision = self.policy.decide(
+            RouteRequest(prompt.tokens, prompt.cached_tokens, prompt.instance_cached), self.pools, self.loads()
+        )
+        log.info(
+            "request %s: %d tokens, %d cached -> %s (%s)",
+            rid,
+            prompt.tokens,
+            prompt.cached_tokens,
+            decision.route.value,
+            decision.reason,
+        )
+        rec = RequestMetrics(
+            rid,
+            decision.route.value,
+            prompt_tokens=prompt.tokens,
+            reason=decision.reason,
+            kv_lookup_failed=prompt.lookup_failed,
+        )
         record_decision(rec, decision)
         self.telemetry.record_arrival(decision.prefill or decision.target)
         handoff = self.backend.promised(prompt) if decision.route is Route.DECODE else None
@@ -79,18 +99,22 @@ class Router:
             handoff = await self._prefill(decision, body, prompt, rec, headers)
         attempts: list[tuple[str, Handoff | None]] = [(decision.target, handoff)]
         if handoff is not None:
-            attempts.append((decision.target, None))            # the same instance recomputes
+            attempts.append((decision.target, None))  # the same instance recomputes
         attempts += [(u, None) for u in self.pools.decode + self.pools.colocated if u != decision.target]
         clock = _TokenClock()
         for i, (target, given) in enumerate(attempts):
             reusable = given.tokens if given else (0 if target in self.pools.storeless else prompt.cached_tokens)
-            reusable = max(reusable, prompt.instance_cached.get(target, 0))     # its own cache
+            reusable = max(reusable, prompt.instance_cached.get(target, 0))  # its own cache
             pending_tokens = prompt.tokens - reusable
             self._track(target, 1, pending_tokens)
             fold = self.backend.fold(body, decision.route, self.telemetry)
             try:
-                async with self.http.stream("POST", f"{target}/v1/completions", headers=headers,
-                                            json=self.backend.generate_body(body, prompt, given)) as resp:
+                async with self.http.stream(
+                    "POST",
+                    f"{target}/v1/completions",
+                    headers=headers,
+                    json=self.backend.generate_body(body, prompt, given),
+                ) as resp:
                     await _check(resp, target)
                     async for event in iter_sse(sse_lines(resp.aiter_text())):
                         if "error" in event:
@@ -123,8 +147,14 @@ class Router:
                     raise
                 if given is not None:
                     rec.fallback = rec.fallback or "decode_failed"
-                log.warning("request %s: %s failed before its first token (%s); trying %s%s",
-                            rid, target, exc, attempts[i + 1][0], "" if attempts[i + 1][1] else ", recomputing")
+                log.warning(
+                    "request %s: %s failed before its first token (%s); trying %s%s",
+                    rid,
+                    target,
+                    exc,
+                    attempts[i + 1][0],
+                    "" if attempts[i + 1][1] else ", recomputing",
+                )
             finally:
                 self._track(target, -1, -pending_tokens)
         if rec.fallback:
@@ -136,19 +166,20 @@ class Router:
         rec.e2e_s = time.perf_counter() - arrival
         self.sink.observe(rec)
 
-    async def _prefill(self, decision: Decision, body: dict[str, Any], prompt: Prompt,
-                       rec: RequestMetrics, headers: dict[str, str]) -> Handoff | None:
+    async def _prefill(
+        self, decision: Decision, body: dict[str, Any], prompt: Prompt, rec: RequestMetrics, headers: dict[str, str]
+    ) -> Handoff | None:
         url = decision.prefill
         self._track(url, 1, prompt.tokens)
         start = time.perf_counter()
         try:
-            resp = await self.http.post(f"{url}/v1/completions", headers=headers,
-                                        json=self.backend.prefill_body(body, prompt))
+            resp = await self.http.post(
+                f"{url}/v1/completions", headers=headers, json=self.backend.prefill_body(body, prompt)
+            )
             resp.raise_for_status()
             return self.backend.prefilled(resp.json(), time.perf_counter() - start, prompt, rec, self.telemetry)
         except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
-            log.warning("request %s: prefill on %s failed (%s); decode recomputes the prompt",
-                        rec.request_id, url, exc)
+            log.warning("request %s: prefill on %s failed (%s); decode recomputes the prompt", rec.request_id, url, exc)
             rec.fallback = "prefill_failed"
             return None
         finally:

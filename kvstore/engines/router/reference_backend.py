@@ -36,15 +36,15 @@ class BlockNaming:
 
 
 class PrefixLookup(NamedTuple):
-    tokens: int                         # leading prompt tokens kvstore holds
-    failed: bool | None                 # kvstore did not answer (None: not asked)
+    tokens: int  # leading prompt tokens kvstore holds
+    failed: bool | None  # kvstore did not answer (None: not asked)
 
 
 class ReferenceBackend:
     name = "reference"
 
     def __init__(self, store: Any | None = None) -> None:
-        self.store = store                  # a KVClient for prefix lookups; None: no lookups
+        self.store = store  # a KVClient for prefix lookups; None: no lookups
         self.tokenizer = ByteTokenizer()
         self.naming: BlockNaming | None = None
 
@@ -58,15 +58,23 @@ class ReferenceBackend:
         with_store = {u: i for u, i in infos.items() if i["store"]} or infos
         fingerprints = {i["fingerprint"] for i in with_store.values()}
         if len(fingerprints) != 1 or any(i["tokenizer"] != "bytes" for i in infos.values()):
-            raise SchemeConflict("instances disagree on the KV key scheme or tokenizer: "
-                                 + ", ".join(f"{u}: {i['fingerprint']} ({i['model']}, {i['layout']})"
-                                             for u, i in with_store.items()))
+            raise SchemeConflict(
+                "instances disagree on the KV key scheme or tokenizer: "
+                + ", ".join(f"{u}: {i['fingerprint']} ({i['model']}, {i['layout']})" for u, i in with_store.items())
+            )
         info = next(iter(with_store.values()))
-        scheme = KeyScheme(model=info["model"], layout=info["layout"], block_size=info["block_size"],
-                           tenant=info["tenant"], seed=info["hash_seed"])
+        scheme = KeyScheme(
+            model=info["model"],
+            layout=info["layout"],
+            block_size=info["block_size"],
+            tenant=info["tenant"],
+            seed=info["hash_seed"],
+        )
         if scheme.fingerprint != info["fingerprint"]:
-            raise SchemeConflict(f"this router computes fingerprint {scheme.fingerprint}, the instances "
-                                 f"report {info['fingerprint']}: a different kvstore version?")
+            raise SchemeConflict(
+                f"this router computes fingerprint {scheme.fingerprint}, the instances "
+                f"report {info['fingerprint']}: a different kvstore version?"
+            )
         self.naming = BlockNaming(scheme, info["object_parts"])
         return Discovery(info["kv_bytes_per_token"], frozenset(u for u, i in infos.items() if not i["store"]))
 
@@ -76,7 +84,7 @@ class ReferenceBackend:
         tokens = self.tokenizer.prompt_ids(body.get("prompt", ""))
         if not tokens:
             raise ValueError("empty prompt")
-        int(body.get("max_tokens", 16))                 # a malformed value fails here, before any work
+        int(body.get("max_tokens", 16))  # a malformed value fails here, before any work
         found = await asyncio.to_thread(self.cached_tokens, tokens)
         return Prompt(tokens, len(tokens), found.tokens, found.failed)
 
@@ -90,7 +98,7 @@ class ReferenceBackend:
             return PrefixLookup(0, None)
         try:
             matched = self.store.match_prefix(scheme.object_keys(hashes, parts))
-        except Exception as exc:                    # the store being down is a miss, not an error
+        except Exception as exc:  # noqa: BLE001 - the store being down is a miss, not an error
             log.warning("match_prefix failed (%s): routing as uncached", exc)
             return PrefixLookup(0, True)
         return PrefixLookup(matched // (len(parts) if parts else 1) * scheme.block_size, False)
@@ -98,18 +106,23 @@ class ReferenceBackend:
     # -- requests ------------------------------------------------------------------------------
 
     def prefill_body(self, body: dict[str, Any], prompt: Prompt) -> dict[str, Any]:
-        return {"prompt": prompt.payload, "max_tokens": 1, "stream": False,
-                "kv_transfer_params": {"do_remote_decode": True}}
+        return {
+            "prompt": prompt.payload,
+            "max_tokens": 1,
+            "stream": False,
+            "kv_transfer_params": {"do_remote_decode": True},
+        }
 
-    def prefilled(self, answer: dict[str, Any], wall_s: float, prompt: Prompt, rec: RequestMetrics,
-                  telemetry: Telemetry) -> Handoff | None:
+    def prefilled(
+        self, answer: dict[str, Any], wall_s: float, prompt: Prompt, rec: RequestMetrics, telemetry: Telemetry
+    ) -> Handoff | None:
         m = answer["kvstore"]
         rec.queue_s += m["queue_s"]
         rec.batch_wait_s += m.get("batch_wait_s", 0.0)
         rec.prefill_tokens, rec.prefill_compute_s = m["prefill_tokens"], m["prefill_compute_s"]
         rec.kv_save_s, rec.kv_save_bytes = m["kv_save_s"], m["kv_save_bytes"]
         _fold_failures(rec, m)
-        rec.fallback = rec.fallback or m["fallback"]       # KV the prefill instance itself lacked
+        rec.fallback = rec.fallback or m["fallback"]  # KV the prefill instance itself lacked
         telemetry.record_prefill(m["prefill_tokens"], m["prefill_compute_s"])
         params = answer["kv_transfer_params"]
         stored = int(params["cached_tokens"])
@@ -118,8 +131,12 @@ class ReferenceBackend:
             block = self.naming.scheme.block_size
             rec.fallback = "save_failed"
             rec.add_failures(missing_tokens=max(0, (prompt.tokens - 1) // block * block - stored))
-            log.warning("request %s: the prefill instance's save failed (%s); decode recomputes all but %d tokens",
-                        rec.request_id, params["save_error"], stored)
+            log.warning(
+                "request %s: the prefill instance's save failed (%s); decode recomputes all but %d tokens",
+                rec.request_id,
+                params["save_error"],
+                stored,
+            )
         return self.promised(Prompt(prompt.payload, prompt.tokens, stored))
 
     def promised(self, prompt: Prompt) -> Handoff | None:
@@ -129,10 +146,14 @@ class ReferenceBackend:
 
     def generate_body(self, body: dict[str, Any], prompt: Prompt, handoff: Handoff | None) -> dict[str, Any]:
         params = handoff.kv_transfer_params if handoff else {"expected_cached_tokens": 0}
-        return {"prompt": prompt.payload, "max_tokens": int(body.get("max_tokens", 16)), "stream": True,
-                "kv_transfer_params": params}
+        return {
+            "prompt": prompt.payload,
+            "max_tokens": int(body.get("max_tokens", 16)),
+            "stream": True,
+            "kv_transfer_params": params,
+        }
 
-    def fold(self, body: dict[str, Any], route: Route, telemetry: Telemetry) -> "_Fold":
+    def fold(self, body: dict[str, Any], route: Route, telemetry: Telemetry) -> _Fold:
         return _Fold(route, telemetry)
 
 
@@ -149,7 +170,7 @@ class _Fold:
         tokens = len(event["choices"][0]["token_ids"])
         if "kvstore" not in event:
             return event, tokens
-        self.telemetry.record_links(event.pop("kvstore_links", None) or [])   # the instance's link monitor
+        self.telemetry.record_links(event.pop("kvstore_links", None) or [])  # the instance's link monitor
         self._fold_generation(rec, event["kvstore"])
         self.trailer = event
         return None, tokens
@@ -169,13 +190,18 @@ class _Fold:
             rec.prefill_tokens, rec.prefill_compute_s = m["prefill_tokens"], m["prefill_compute_s"]
             self.telemetry.record_prefill(m["prefill_tokens"], m["prefill_compute_s"])
             rec.kv_save_s, rec.kv_save_bytes = m["kv_save_s"], m["kv_save_bytes"]
-            rec.recompute_tokens, rec.recompute_s = 0, 0.0          # no decode instance took part
+            rec.recompute_tokens, rec.recompute_s = 0, 0.0  # no decode instance took part
         else:
             rec.recompute_tokens, rec.recompute_s = m["prefill_tokens"], m["prefill_compute_s"]
         rec.fallback = rec.fallback or m["fallback"]
-        for name in ("decode_steps", "decode_steps_with_prefill", "decode_steps_prefill_tokens", "preemptions",
-                     "itl_s"):
-            if name in m:                           # what the batch did to this request's decode
+        for name in (
+            "decode_steps",
+            "decode_steps_with_prefill",
+            "decode_steps_prefill_tokens",
+            "preemptions",
+            "itl_s",
+        ):
+            if name in m:  # what the batch did to this request's decode
                 setattr(rec, name, m[name])
         # TPOT as the generating instance timed it: a relay's clock sees tokens in bursts whenever
         # its event loop is starved, which on a shared machine says nothing about decode speed.
@@ -184,5 +210,9 @@ class _Fold:
 
 def _fold_failures(rec: RequestMetrics, m: dict[str, Any]) -> None:
     """What an instance's record says failed there, into the router's record."""
-    rec.add_failures(lookup=m.get("kv_lookup_failed"), save=m.get("kv_save_failed"), load=m.get("kv_load_failed"),
-                     missing_tokens=m.get("kv_missing_tokens"))
+    rec.add_failures(
+        lookup=m.get("kv_lookup_failed"),
+        save=m.get("kv_save_failed"),
+        load=m.get("kv_load_failed"),
+        missing_tokens=m.get("kv_missing_tokens"),
+    )

@@ -1,15 +1,16 @@
 """The router's HTTP endpoints.
 
-    POST /v1/completions   OpenAI completions (stream or not), routed per request
-    GET  /metrics          Prometheus text: per-route TTFT/TPOT/queue/compute/transfer, fallbacks
-    GET  /router/state     the policy, measured bandwidth and prefill rate, per-instance load
+POST /v1/completions   OpenAI completions (stream or not), routed per request
+GET  /metrics          Prometheus text: per-route TTFT/TPOT/queue/compute/transfer, fallbacks
+GET  /router/state     the policy, measured bandwidth and prefill rate, per-instance load
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -40,18 +41,21 @@ def build_app(make_router: Callable[[httpx.AsyncClient], Any], timeout_s: float)
             first = await anext(stream)
         except (ValueError, TypeError) as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
-        except Exception as exc:
-            return JSONResponse({"error": {"message": f"no instance could serve the request: {exc}",
-                                           "type": "upstream_error"}}, 502)
+        except Exception as exc:  # noqa: BLE001 - any upstream failure is the client's 502
+            return JSONResponse(
+                {"error": {"message": f"no instance could serve the request: {exc}", "type": "upstream_error"}}, 502
+            )
         if body.get("stream"):
+
             async def events() -> AsyncIterator[bytes]:
                 yield sse(first)
                 try:
                     async for event in stream:
                         yield sse(event)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - reported in the stream, which has begun
                     yield sse({"error": {"message": str(exc), "type": "upstream_error"}})
                 yield SSE_DONE
+
             return StreamingResponse(events(), media_type="text/event-stream")
         ids: list[int] = []
         text: list[str] = []
@@ -61,7 +65,7 @@ def build_app(make_router: Callable[[httpx.AsyncClient], Any], timeout_s: float)
                 ids += event["choices"][0]["token_ids"]
                 text.append(event["choices"][0]["text"])
                 last = event
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any upstream failure is the client's 502
             return JSONResponse({"error": {"message": str(exc), "type": "upstream_error"}}, 502)
         last["choices"][0].update(text="".join(text), token_ids=ids)
         return JSONResponse(last)
@@ -70,21 +74,32 @@ def build_app(make_router: Callable[[httpx.AsyncClient], Any], timeout_s: float)
         return Response(router.sink.exposition(), media_type="text/plain; version=0.0.4")
 
     async def state(_: Request) -> Response:
-        return JSONResponse({
-            "policy": router.policy.name, "bandwidth_bytes_per_s": router.telemetry.bandwidth(),
-            "prefill_tokens_per_s": router.telemetry.prefill_tps(), "fallbacks": router.sink.fallbacks(),
-            "links": router.telemetry.links(), "summary": router.sink.summary(),
-            "loads": {u: {"requests": lo.requests, "tokens": lo.tokens} for u, lo in router.loads().items()},
-            "time": time.time(),
-            **({"prefix_index": index.stats()} if (index := getattr(router.backend, "index", None)) else {})})
+        return JSONResponse(
+            {
+                "policy": router.policy.name,
+                "bandwidth_bytes_per_s": router.telemetry.bandwidth(),
+                "prefill_tokens_per_s": router.telemetry.prefill_tps(),
+                "fallbacks": router.sink.fallbacks(),
+                "links": router.telemetry.links(),
+                "summary": router.sink.summary(),
+                "loads": {u: {"requests": lo.requests, "tokens": lo.tokens} for u, lo in router.loads().items()},
+                "time": time.time(),
+                **({"prefix_index": index.stats()} if (index := getattr(router.backend, "index", None)) else {}),
+            }
+        )
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    return Starlette(routes=[
-        HttpRoute("/v1/completions", completions, methods=["POST"]),
-        HttpRoute("/metrics", metrics), HttpRoute("/router/state", state), HttpRoute("/health", health),
-    ], lifespan=lifespan)
+    return Starlette(
+        routes=[
+            HttpRoute("/v1/completions", completions, methods=["POST"]),
+            HttpRoute("/metrics", metrics),
+            HttpRoute("/router/state", state),
+            HttpRoute("/health", health),
+        ],
+        lifespan=lifespan,
+    )
 
 
 async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -28,7 +28,7 @@ from kvstore.engines.workload import WorkItem, WorkloadConfig, make_workload
 class SimParams:
     prefill_tps: float = 3000.0
     tpot_s: float = 0.005
-    bandwidth: float = 300e6                # bytes/s
+    bandwidth: float = 300e6  # bytes/s
     kv_bytes_per_token: int = 4096
     block_size: int = 16
 
@@ -52,10 +52,18 @@ class SimResult:
 DEFAULT_POOLS = Pools(("prefill",), ("decode",), ("colocated",), storeless=frozenset({"colocated"}))
 
 
-def simulate(policy_name: str, items: list[WorkItem], params: SimParams = SimParams(),
-             pools: Pools = DEFAULT_POOLS, model: CostModel | None = None) -> SimResult:
-    model = model or CostModel(kv_bytes_per_token=params.kv_bytes_per_token,
-                               default_bandwidth=params.bandwidth, default_prefill_tps=params.prefill_tps)
+def simulate(
+    policy_name: str,
+    items: list[WorkItem],
+    params: SimParams = SimParams(),
+    pools: Pools = DEFAULT_POOLS,
+    model: CostModel | None = None,
+) -> SimResult:
+    model = model or CostModel(
+        kv_bytes_per_token=params.kv_bytes_per_token,
+        default_bandwidth=params.bandwidth,
+        default_prefill_tps=params.prefill_tps,
+    )
     now = 0.0
     telemetry = Telemetry(model, clock=lambda: now)
     policy = make_policy(policy_name, model, telemetry)
@@ -113,7 +121,7 @@ def simulate(policy_name: str, items: list[WorkItem], params: SimParams = SimPar
                 u = len(item.prompt) - cached
                 track(decision.prefill, 1, u)
                 done, _, _ = run_on(decision.prefill, link(cached), u, 1)
-                done += link(u)                                           # the save
+                done += link(u)  # the save
                 at(done, "prefilled", item, decision.prefill, decision.target, u, hashes, now)
             else:
                 generate(item, decision.target, cached, decision.target in pools.storeless, now)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvstore.engines.router.policy import CostModel
@@ -66,7 +67,7 @@ class Telemetry:
     """Link bandwidth, prefill throughput and per-instance arrival rates, measured from recent
     requests."""
 
-    def __init__(self, model: "CostModel", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: CostModel, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self._clock = clock
         self._link = _Rate(model.window_s, clock)

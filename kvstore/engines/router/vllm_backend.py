@@ -43,10 +43,19 @@ from kvstore.engines.router.telemetry import Telemetry
 
 log = logging.getLogger("kvstore.engines.router")
 
-CHARS_PER_TOKEN = 4         # the usual estimate for English text with a BPE tokenizer
+CHARS_PER_TOKEN = 4  # the usual estimate for English text with a BPE tokenizer
 # Fields that make no sense on a one-token prefill whose output is thrown away.
-_NOT_FOR_PREFILL = ("stream", "stream_options", "min_tokens", "max_completion_tokens", "echo", "logprobs",
-                    "prompt_logprobs", "return_token_ids", "kv_transfer_params")
+_NOT_FOR_PREFILL = (
+    "stream",
+    "stream_options",
+    "min_tokens",
+    "max_completion_tokens",
+    "echo",
+    "logprobs",
+    "prompt_logprobs",
+    "return_token_ids",
+    "kv_transfer_params",
+)
 
 
 class VLLMBackend:
@@ -56,8 +65,8 @@ class VLLMBackend:
         if kv_bytes_per_token <= 0:
             raise ValueError("kv_bytes_per_token must be positive")
         self.kv_bytes_per_token = kv_bytes_per_token
-        self.model = ""                     # what every instance serves (from /v1/models)
-        self.tokenize_url = ""              # the instance asked to count prompt tokens
+        self.model = ""  # what every instance serves (from /v1/models)
+        self.tokenize_url = ""  # the instance asked to count prompt tokens
         self._warned_estimate = False
 
     async def discover(self, http: httpx.AsyncClient, pools: Pools) -> Discovery:
@@ -70,8 +79,9 @@ class VLLMBackend:
             base = [m["id"] for m in models if not m.get("parent")] or [m["id"] for m in models]
             served[url] = base[0]
         if len(set(served.values())) != 1:
-            raise SchemeConflict("vLLM instances serve different models: "
-                                 + ", ".join(f"{u}: {m}" for u, m in served.items()))
+            raise SchemeConflict(
+                "vLLM instances serve different models: " + ", ".join(f"{u}: {m}" for u, m in served.items())
+            )
         self.model = next(iter(served.values()))
         self.tokenize_url = (pools.prefill or pools.colocated or pools.decode)[0]
         return Discovery(self.kv_bytes_per_token, frozenset())
@@ -95,8 +105,12 @@ class VLLMBackend:
             return int(resp.json()["count"])
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             if not self._warned_estimate:
-                log.warning("/tokenize on %s failed (%s): estimating prompt lengths as characters / %d",
-                            self.tokenize_url, exc, CHARS_PER_TOKEN)
+                log.warning(
+                    "/tokenize on %s failed (%s): estimating prompt lengths as characters / %d",
+                    self.tokenize_url,
+                    exc,
+                    CHARS_PER_TOKEN,
+                )
                 self._warned_estimate = True
             return max(1, len(text) // CHARS_PER_TOKEN)
 
@@ -104,20 +118,28 @@ class VLLMBackend:
 
     def prefill_body(self, body: dict[str, Any], prompt: Prompt) -> dict[str, Any]:
         out = {k: v for k, v in body.items() if k not in _NOT_FOR_PREFILL}
-        out.update(model=body.get("model") or self.model, prompt=prompt.payload, max_tokens=1, stream=False,
-                   kv_transfer_params={"do_remote_decode": True})
+        out.update(
+            model=body.get("model") or self.model,
+            prompt=prompt.payload,
+            max_tokens=1,
+            stream=False,
+            kv_transfer_params={"do_remote_decode": True},
+        )
         return out
 
-    def prefilled(self, answer: dict[str, Any], wall_s: float, prompt: Prompt, rec: RequestMetrics,
-                  telemetry: Telemetry) -> Handoff | None:
+    def prefilled(
+        self, answer: dict[str, Any], wall_s: float, prompt: Prompt, rec: RequestMetrics, telemetry: Telemetry
+    ) -> Handoff | None:
         computed = int(answer["usage"]["prompt_tokens"])
         rec.prefill_tokens, rec.prefill_compute_s = computed, wall_s
         telemetry.record_prefill(computed, wall_s)
         params = answer.get("kv_transfer_params")
         if not params:
             # No connector on the prefill instance, or one that saves nothing: decode recomputes.
-            log.warning("request %s: the prefill instance returned no kv_transfer_params; is it a kvstore "
-                        "kv_producer?", rec.request_id)
+            log.warning(
+                "request %s: the prefill instance returned no kv_transfer_params; is it a kvstore kv_producer?",
+                rec.request_id,
+            )
             rec.fallback = "save_failed"
             rec.add_failures(save=True)
             return None
@@ -129,25 +151,34 @@ class VLLMBackend:
             # Blocks kvstore never got are recomputed by the decode instance, whatever it finds.
             rec.fallback = "save_failed"
             rec.add_failures(missing_tokens=max(0, computed // block * block - stored) if block else None)
-            log.warning("request %s: the prefill instance stored %d of the prompt's %d tokens of KV (%s)",
-                        rec.request_id, stored, computed, error)
+            log.warning(
+                "request %s: the prefill instance stored %d of the prompt's %d tokens of KV (%s)",
+                rec.request_id,
+                stored,
+                computed,
+                error,
+            )
         if stored <= 0:
-            return None             # nothing to hand over: the decode instance computes the prompt
+            return None  # nothing to hand over: the decode instance computes the prompt
         return Handoff(params, min(stored, computed))
 
     def promised(self, prompt: Prompt) -> Handoff | None:
-        return None                 # the decode instance's connector finds a cached prefix itself
+        return None  # the decode instance's connector finds a cached prefix itself
 
     def generate_body(self, body: dict[str, Any], prompt: Prompt, handoff: Handoff | None) -> dict[str, Any]:
         out = {k: v for k, v in body.items() if k != "kv_transfer_params"}
-        out.update(model=body.get("model") or self.model, prompt=prompt.payload, stream=True,
-                   return_token_ids=True, stream_options={**(body.get("stream_options") or {}),
-                                                          "include_usage": True})
+        out.update(
+            model=body.get("model") or self.model,
+            prompt=prompt.payload,
+            stream=True,
+            return_token_ids=True,
+            stream_options={**(body.get("stream_options") or {}), "include_usage": True},
+        )
         if handoff is not None:
             out["kv_transfer_params"] = handoff.kv_transfer_params
         return out
 
-    def fold(self, body: dict[str, Any], route: Route, telemetry: Telemetry) -> "_Fold":
+    def fold(self, body: dict[str, Any], route: Route, telemetry: Telemetry) -> _Fold:
         return _Fold(keep_prompt_ids=bool(body.get("return_token_ids")))
 
 
@@ -183,6 +214,10 @@ class _Fold:
     def finish(self, rec: RequestMetrics) -> dict[str, Any] | None:
         if self.usage:
             rec.output_tokens = int(self.usage.get("completion_tokens", rec.output_tokens))
-        return {"object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": self.finish_reason}],
-                "usage": self.usage}
+        return {
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": self.finish_reason}],
+            "usage": self.usage,
+        }

@@ -1,25 +1,26 @@
 """The connector's settings, read once from `kv_connector_extra_config`.
 
-    {"meta": "127.0.0.1:50051",       # kvstore metadata service (else $KVSTORE_META)
-     "tenant": "default",             # key namespace: tenants never share blocks
-     "model_id": "...",               # defaults to the served model name
-     "hash_seed": 0,                  # every instance that shares KV must use the same seed
-     "granularity": "layer",          # "layer": one object per (block, layer), saved as each layer
-                                      #   finishes; "block": one object per block, all layers
-     "load_async": true,              # load between scheduler steps (true) or before the forward
-     "save_async": false,             # false: a step's saves commit before its output is
-                                      #   returned (PD-safe); true: blocks are held until acked
-     "remote_save_wait_s": 2.0,       # decode: how long to wait for blocks a prefill reported
-     "lookup_timeout_s": 2.0,         # scheduler lookups; a failed one is a miss
-     "lookup_backoff_s": 5.0,         # after a failed lookup, skip lookups this long
-     "transfer_timeout_s": 10.0,      # worker loads / saves
-     "transports": ["shm", "tcp"]}
+{"meta": "127.0.0.1:50051",       # kvstore metadata service (else $KVSTORE_META)
+ "tenant": "default",             # key namespace: tenants never share blocks
+ "model_id": "...",               # defaults to the served model name
+ "hash_seed": 0,                  # every instance that shares KV must use the same seed
+ "granularity": "layer",          # "layer": one object per (block, layer), saved as each layer
+                                  #   finishes; "block": one object per block, all layers
+ "load_async": true,              # load between scheduler steps (true) or before the forward
+ "save_async": false,             # false: a step's saves commit before its output is
+                                  #   returned (PD-safe); true: blocks are held until acked
+ "remote_save_wait_s": 2.0,       # decode: how long to wait for blocks a prefill reported
+ "lookup_timeout_s": 2.0,         # scheduler lookups; a failed one is a miss
+ "lookup_backoff_s": 5.0,         # after a failed lookup, skip lookups this long
+ "transfer_timeout_s": 10.0,      # worker loads / saves
+ "transports": ["shm", "tcp"]}
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from kvstore.config import META_ENV, TOKEN_ENV, load_config
 from kvstore.engines.keys import Granularity
@@ -52,8 +53,10 @@ class ConnectorConfig:
 
     def __post_init__(self) -> None:
         if not self.meta:
-            raise InvalidArgument("set kv_connector_extra_config.meta (or $KVSTORE_META) "
-                                  "to the kvstore metadata service address, e.g. 127.0.0.1:50051")
+            raise InvalidArgument(
+                "set kv_connector_extra_config.meta (or $KVSTORE_META) "
+                "to the kvstore metadata service address, e.g. 127.0.0.1:50051"
+            )
         for name in ("remote_save_wait_s", "lookup_backoff_s"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name} must not be negative")
@@ -62,7 +65,7 @@ class ConnectorConfig:
                 raise InvalidArgument(f"{name} must be positive")
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any] | None, default_model: str) -> "ConnectorConfig":
+    def from_extra(cls, extra: Mapping[str, Any] | None, default_model: str) -> ConnectorConfig:
         """The settings in `extra` (kv_connector_extra_config) over env over the defaults; the
         model id defaults to the served model's name."""
         extra = dict(extra or {})

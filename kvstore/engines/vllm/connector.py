@@ -21,8 +21,12 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorHandshakeMetadata,
-                                                                KVConnectorMetadata, KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvstore.engines.vllm.config import ConnectorConfig
@@ -40,33 +44,34 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 # Connectors alive in this process, by role: in-process vLLM (tests, benchmarks) reads their stats.
-LIVE: "weakref.WeakValueDictionary[str, KVStoreConnector]" = weakref.WeakValueDictionary()
+LIVE: weakref.WeakValueDictionary[str, KVStoreConnector] = weakref.WeakValueDictionary()
 
 
 class KVStoreConnector(KVConnectorBase_V1):
     _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
 
-    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
-                 kv_cache_config: "KVCacheConfig") -> None:
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = self._kv_transfer_config
         model = vllm_config.model_config
-        self.config = ConnectorConfig.from_extra(ktc.kv_connector_extra_config,
-                                                 _served_name(model.served_model_name) or model.model)
+        self.config = ConnectorConfig.from_extra(
+            ktc.kv_connector_extra_config, _served_name(model.served_model_name) or model.model
+        )
         groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
         if len(groups) > 1:
-            raise ValueError("kvstore connector: models with several KV cache groups (hybrid attention) "
-                             "are not supported")
-        self.block_size = (groups[0].kv_cache_spec.block_size if groups
-                           else vllm_config.cache_config.block_size)
+            raise ValueError(
+                "kvstore connector: models with several KV cache groups (hybrid attention) are not supported"
+            )
+        self.block_size = groups[0].kv_cache_spec.block_size if groups else vllm_config.cache_config.block_size
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             # Every role loads what kvstore holds; producers (kv_producer, kv_both) also save.
             self.scheduler = SchedulerSide(self.config, self.block_size, load=True, save=ktc.is_kv_producer)
         else:
-            self.worker = WorkerSide(self.config, self.block_size, kv_cache_config.num_blocks,
-                                     _layout_suffix(vllm_config))
+            self.worker = WorkerSide(
+                self.config, self.block_size, kv_cache_config.num_blocks, _layout_suffix(vllm_config)
+            )
         LIVE[role.name.lower()] = self
 
     # -- worker side -----------------------------------------------------------------------------
@@ -77,12 +82,12 @@ class KVStoreConnector(KVConnectorBase_V1):
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
         return self.worker.handshake if self.worker is not None else None
 
-    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         idle = forward_context is None or getattr(forward_context, "attn_metadata", None) is None
         self.worker.start_loads(self._meta(), idle)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return              # loads finish before the forward (sync) or between steps (async)
+        return  # loads finish before the forward (sync) or between steps (async)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         self.worker.save_layer(self._meta(), layer_name)
@@ -110,8 +115,13 @@ class KVStoreConnector(KVConnectorBase_V1):
         return TransferStats(data=dict(data or {}))
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: dict, labelnames: list[str],
-                           per_engine_labelvalues: dict[int, list[object]]) -> TransferPromMetrics:
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict,
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> TransferPromMetrics:
         return TransferPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
@@ -129,30 +139,29 @@ class KVStoreConnector(KVConnectorBase_V1):
     def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
         self.scheduler.set_naming({r: m for r, m in metadata.items() if isinstance(m, NamingHandshake)})
 
-    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self.scheduler.num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
-                                 num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             self.scheduler.after_alloc(request, blocks.get_block_ids()[0], num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         manager = self._kv_cache_manager
         return self.scheduler.build_meta(scheduler_output, lambda req_id: manager.get_block_ids(req_id)[0])
 
-    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self.scheduler.load_errors(connector_output.invalid_block_ids or set())
 
-    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.scheduler.finished(request)
 
     @property
     def requires_kv_delivery(self) -> bool:
-        return False        # a dropped save is a later cache miss, never a lost request
+        return False  # a dropped save is a later cache miss, never a lost request
 
     @classmethod
-    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         return None
 
     @classmethod
@@ -166,7 +175,7 @@ def _served_name(name: Any) -> str:
     return name or ""
 
 
-def _layout_suffix(vllm_config: "VllmConfig") -> str:
+def _layout_suffix(vllm_config: VllmConfig) -> str:
     """What else decides the bytes of a block besides the tensor shapes: the device kind and vLLM
     version (the attention kernel's in-block layout), and this worker's tensor/pipeline shard."""
     import vllm
@@ -181,5 +190,7 @@ def _layout_suffix(vllm_config: "VllmConfig") -> str:
     except (AssertionError, AttributeError, ImportError):
         pass
     version = ".".join(vllm.__version__.split(".")[:2])
-    return (f"{current_platform.device_type}-vllm{version}-tp{tp_rank}of{par.tensor_parallel_size}"
-            f"-pp{pp_rank}of{par.pipeline_parallel_size}")
+    return (
+        f"{current_platform.device_type}-vllm{version}-tp{tp_rank}of{par.tensor_parallel_size}"
+        f"-pp{pp_rank}of{par.pipeline_parallel_size}"
+    )

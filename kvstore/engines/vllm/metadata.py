@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorHandshakeMetadata,
-                                                                KVConnectorMetadata)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata, KVConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 from vllm.v1.metrics.utils import create_metric_per_engine
 
@@ -26,7 +25,7 @@ class BlockJob:
 
 @dataclass(frozen=True)
 class LoadJob(BlockJob):
-    asynchronous: bool = True       # finished via get_finished, else before this step's forward
+    asynchronous: bool = True  # finished via get_finished, else before this step's forward
 
 
 @dataclass
@@ -46,34 +45,57 @@ class NamingHandshake(KVConnectorHandshakeMetadata):
     block_size: int
     tenant: str
     seed: int
-    parts: list[int] | None         # per-block objects (codec.object_parts); None: one per block
+    parts: list[int] | None  # per-block objects (codec.object_parts); None: one per block
     fingerprint: str
     block_nbytes: int
 
 
-_HELP = {"loads": "KV loads from kvstore (one per request)", "load_blocks": "blocks loaded from kvstore",
-         "load_bytes": "bytes loaded from kvstore", "load_failures": "loads that fell short; vLLM recomputed",
-         "failed_blocks": "blocks that failed to load and were recomputed", "saves": "save batches to kvstore",
-         "save_blocks": "blocks stored in kvstore", "save_bytes": "bytes stored in kvstore",
-         "save_failures": "save batches that failed",
-         "save_deduped": "blocks left out of a save: the same step or a save in flight already had them",
-         "load_s": "seconds spent loading KV",
-         "save_s": "seconds spent saving KV",
-         # the scheduler side's: what a request was told to expect, and what it found
-         "lookups": "kvstore lookups (how much of a prompt is stored)",
-         "lookup_failures": "lookups kvstore did not answer; those requests were treated as uncached",
-         "lookups_skipped": "lookups not made because kvstore failed moments before (lookup_backoff_s)",
-         "recomputed_tokens": "prompt tokens recomputed because KV kvstore was to provide (promised by a "
-                              "prefill, or listed by a lookup) did not arrive",
-         "unsaved_blocks": "blocks of finished PD prefills that kvstore did not hold (a save failed)"}
-_COUNTERS = ("loads", "load_blocks", "load_bytes", "load_failures", "failed_blocks", "saves",
-             "save_blocks", "save_bytes", "save_failures", "save_deduped",
-             "lookups", "lookup_failures", "lookups_skipped", "recomputed_tokens", "unsaved_blocks")
+_HELP = {
+    "loads": "KV loads from kvstore (one per request)",
+    "load_blocks": "blocks loaded from kvstore",
+    "load_bytes": "bytes loaded from kvstore",
+    "load_failures": "loads that fell short; vLLM recomputed",
+    "failed_blocks": "blocks that failed to load and were recomputed",
+    "saves": "save batches to kvstore",
+    "save_blocks": "blocks stored in kvstore",
+    "save_bytes": "bytes stored in kvstore",
+    "save_failures": "save batches that failed",
+    "save_deduped": "blocks left out of a save: the same step or a save in flight already had them",
+    "load_s": "seconds spent loading KV",
+    "save_s": "seconds spent saving KV",
+    # the scheduler side's: what a request was told to expect, and what it found
+    "lookups": "kvstore lookups (how much of a prompt is stored)",
+    "lookup_failures": "lookups kvstore did not answer; those requests were treated as uncached",
+    "lookups_skipped": "lookups not made because kvstore failed moments before (lookup_backoff_s)",
+    "recomputed_tokens": "prompt tokens recomputed because KV kvstore was to provide (promised by a "
+    "prefill, or listed by a lookup) did not arrive",
+    "unsaved_blocks": "blocks of finished PD prefills that kvstore did not hold (a save failed)",
+}
+_COUNTERS = (
+    "loads",
+    "load_blocks",
+    "load_bytes",
+    "load_failures",
+    "failed_blocks",
+    "saves",
+    "save_blocks",
+    "save_bytes",
+    "save_failures",
+    "save_deduped",
+    "lookups",
+    "lookup_failures",
+    "lookups_skipped",
+    "recomputed_tokens",
+    "unsaved_blocks",
+)
 _SECONDS = ("load_s", "save_s")
 # The store client's transfers travel as data keys "client|TRANSPORT|DAEMON|DIRECTION|FIELD".
 _CLIENT, _CLIENT_KEY = "client", "|"
-_CLIENT_HELP = {"calls": "store client transfer calls", "bytes": "bytes the store client moved",
-                "seconds": "seconds the store client spent moving bytes"}
+_CLIENT_HELP = {
+    "calls": "store client transfer calls",
+    "bytes": "bytes the store client moved",
+    "seconds": "seconds the store client spent moving bytes",
+}
 
 
 @dataclass
@@ -91,16 +113,16 @@ class TransferStats(KVConnectorStats):
 
     def add_client(self, key: tuple[str, str, str], calls: float, nbytes: float, seconds: float) -> None:
         """The store client's transfers on (transport, daemon, direction) in this interval."""
-        for field, value in (("calls", calls), ("bytes", nbytes), ("seconds", seconds)):
+        for what, value in (("calls", calls), ("bytes", nbytes), ("seconds", seconds)):
             if value:
-                name = _CLIENT_KEY.join((_CLIENT, *key, field))
+                name = _CLIENT_KEY.join((_CLIENT, *key, what))
                 self.data[name] = self.data.get(name, 0) + value
 
     def reset(self) -> None:
         self.data = {}
         self.__post_init__()
 
-    def aggregate(self, other: KVConnectorStats) -> "TransferStats":
+    def aggregate(self, other: KVConnectorStats) -> TransferStats:
         out = TransferStats(data=dict(self.data))
         for name, value in other.data.items():
             out.data[name] = out.data.get(name, 0) + value
@@ -122,19 +144,30 @@ class TransferStats(KVConnectorStats):
 class TransferPromMetrics(KVConnectorPromMetrics):
     """The same counters on vLLM's /metrics, as vllm:kvstore_<name>_total."""
 
-    def __init__(self, vllm_config: Any, metric_types: dict, labelnames: list[str],
-                 per_engine_labelvalues: dict[int, list[object]]) -> None:
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict,
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.counters = {
             name: create_metric_per_engine(
                 self._counter_cls(name=f"vllm:kvstore_{name}", documentation=_HELP[name], labelnames=labelnames),
-                per_engine_labelvalues)
-            for name in _COUNTERS + _SECONDS}
+                per_engine_labelvalues,
+            )
+            for name in _COUNTERS + _SECONDS
+        }
         # As kvstore's own client names them (kvstore_client_transfer_*), under vLLM's prefix.
         self.client = {
-            field: self._counter_cls(name=f"vllm:kvstore_client_transfer_{field}", documentation=doc,
-                                     labelnames=[*labelnames, "transport", "daemon", "direction"])
-            for field, doc in _CLIENT_HELP.items()}
+            field: self._counter_cls(
+                name=f"vllm:kvstore_client_transfer_{field}",
+                documentation=doc,
+                labelnames=[*labelnames, "transport", "daemon", "direction"],
+            )
+            for field, doc in _CLIENT_HELP.items()
+        }
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, by_engine in self.counters.items():
@@ -144,5 +177,6 @@ class TransferPromMetrics(KVConnectorPromMetrics):
         for name, value in transfer_stats_data.items():
             if value and name.startswith(_CLIENT + _CLIENT_KEY):
                 _, transport, daemon, direction, field = name.split(_CLIENT_KEY)
-                self.client[field].labels(*self.per_engine_labelvalues[engine_idx], transport, daemon,
-                                          direction).inc(value)
+                self.client[field].labels(*self.per_engine_labelvalues[engine_idx], transport, daemon, direction).inc(
+                    value
+                )

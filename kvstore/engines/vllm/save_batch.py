@@ -28,11 +28,11 @@ _Key = tuple[bytes, "int | None"]
 class SaveBatch(NamedTuple):
     """What one put_many of a step should carry, and what it leaves to others."""
 
-    hashes: list[bytes]              # each once, none being written by a save in flight
-    block_ids: list[int]             # block_ids[i] holds the block whose hash is hashes[i]
-    waits: list[Future[Any]]         # saves in flight writing blocks these jobs also need
-    repeated: int                    # blocks left out: an earlier job of this batch has them
-    in_flight: int                   # blocks left out: a save in flight is writing them
+    hashes: list[bytes]  # each once, none being written by a save in flight
+    block_ids: list[int]  # block_ids[i] holds the block whose hash is hashes[i]
+    waits: list[Future[Any]]  # saves in flight writing blocks these jobs also need
+    repeated: int  # blocks left out: an earlier job of this batch has them
+    in_flight: int  # blocks left out: a save in flight is writing them
 
 
 class InFlightSaves:

@@ -43,44 +43,53 @@ class _Tracked:
     hashes: list[bytes]
     stored: int = 0
     dispatched: int = 0
-    local_tokens: int = 0           # vLLM's own prefix hit when the connector was last asked
-    saving: bool = False            # some save was dispatched for it
-    loading: frozenset[int] = frozenset()   # block ids of its last load
-    load_failed: bool = False       # a load failed: recompute from now on, never load again
-    lookup_failed: bool = False     # a lookup for it failed, or was skipped as kvstore was failing
-    loaded_blocks: int = 0          # blocks granted to a load and not reported failed
-    missing_blocks: int = 0         # blocks promised or listed that did not arrive: recomputed
-    accounted: bool = False         # its lookup's outcome is counted (once per request)
+    local_tokens: int = 0  # vLLM's own prefix hit when the connector was last asked
+    saving: bool = False  # some save was dispatched for it
+    loading: frozenset[int] = frozenset()  # block ids of its last load
+    load_failed: bool = False  # a load failed: recompute from now on, never load again
+    lookup_failed: bool = False  # a lookup for it failed, or was skipped as kvstore was failing
+    loaded_blocks: int = 0  # blocks granted to a load and not reported failed
+    missing_blocks: int = 0  # blocks promised or listed that did not arrive: recomputed
+    accounted: bool = False  # its lookup's outcome is counted (once per request)
     first_ask: float = field(default_factory=time.monotonic)
     last_ask: float = 0.0
 
 
 class Lookup(NamedTuple):
-    blocks: int                     # leading blocks kvstore holds whole
-    failed: bool                    # kvstore did not answer (or was failing: not asked)
+    blocks: int  # leading blocks kvstore holds whole
+    failed: bool  # kvstore did not answer (or was failing: not asked)
 
 
 class SchedulerSide:
-    def __init__(self, config: ConnectorConfig, block_size: int, load: bool, save: bool,
-                 client: Any | None = None) -> None:
+    def __init__(
+        self, config: ConnectorConfig, block_size: int, load: bool, save: bool, client: Any | None = None
+    ) -> None:
         self.config = config
         self.block_size = block_size
         self.load_enabled = load
         self.save_enabled = save
         # Hashes depend only on the seed and block size, so they can be computed before the
         # workers report how they lay out blocks; keys need that layout (`naming`).
-        self._hashing = KeyScheme(model=config.model_id, layout="-", block_size=block_size,
-                                  tenant=config.tenant, seed=config.hash_seed)
+        self._hashing = KeyScheme(
+            model=config.model_id, layout="-", block_size=block_size, tenant=config.tenant, seed=config.hash_seed
+        )
         self.scheme: KeyScheme | None = None
         self.parts: list[int] | None = None
         self._client = client
         self._requests: dict[str, _Tracked] = {}
         self._loads: list[LoadJob] = []
         self._skip_lookups_until = 0.0
-        self.stats = {"lookups": 0, "lookup_failures": 0, "lookups_skipped": 0, "hit_tokens": 0,
-                      "hit_requests": 0, "saved_blocks_dispatched": 0, "recomputed_tokens": 0,
-                      "unsaved_blocks": 0}
-        self.interval = TransferStats()   # the counters vLLM exports (vllm:kvstore_*_total)
+        self.stats = {
+            "lookups": 0,
+            "lookup_failures": 0,
+            "lookups_skipped": 0,
+            "hit_tokens": 0,
+            "hit_requests": 0,
+            "saved_blocks_dispatched": 0,
+            "recomputed_tokens": 0,
+            "unsaved_blocks": 0,
+        }
+        self.interval = TransferStats()  # the counters vLLM exports (vllm:kvstore_*_total)
 
     # -- naming --------------------------------------------------------------------------------
 
@@ -90,22 +99,35 @@ class SchedulerSide:
             return
         first = by_rank[min(by_rank)]
         if first.block_size != self.block_size or first.seed != self.config.hash_seed:
-            raise ValueError(f"kvstore connector: worker names blocks with block_size={first.block_size} "
-                             f"seed={first.seed}; the scheduler uses {self.block_size}/{self.config.hash_seed}")
-        self.scheme = KeyScheme(model=first.model, layout=first.layout, block_size=first.block_size,
-                                tenant=first.tenant, seed=first.seed)
+            raise ValueError(
+                f"kvstore connector: worker names blocks with block_size={first.block_size} "
+                f"seed={first.seed}; the scheduler uses {self.block_size}/{self.config.hash_seed}"
+            )
+        self.scheme = KeyScheme(
+            model=first.model, layout=first.layout, block_size=first.block_size, tenant=first.tenant, seed=first.seed
+        )
         if self.scheme.fingerprint != first.fingerprint:
-            raise ValueError("kvstore connector: scheduler and worker disagree on the key scheme "
-                             f"({self.scheme.fingerprint} != {first.fingerprint})")
+            raise ValueError(
+                "kvstore connector: scheduler and worker disagree on the key scheme "
+                f"({self.scheme.fingerprint} != {first.fingerprint})"
+            )
         self.parts = first.parts
-        log.info("kvstore: blocks named %s (%d objects a block, %d bytes a block, fingerprint %s)",
-                 self.scheme.namespace, len(self.parts or [None]), first.block_nbytes, first.fingerprint)
+        log.info(
+            "kvstore: blocks named %s (%d objects a block, %d bytes a block, fingerprint %s)",
+            self.scheme.namespace,
+            len(self.parts or [None]),
+            first.block_nbytes,
+            first.fingerprint,
+        )
 
     def client(self) -> KVClient:
         if self._client is None:
-            self._client = KVClient(self.config.meta, ClientConfig(timeout_s=self.config.lookup_timeout_s,
-                                                                   transports=self.config.transports,
-                                                                   token=self.config.token))
+            self._client = KVClient(
+                self.config.meta,
+                ClientConfig(
+                    timeout_s=self.config.lookup_timeout_s, transports=self.config.transports, token=self.config.token
+                ),
+            )
         return self._client
 
     def close(self) -> None:
@@ -136,7 +158,7 @@ class SchedulerSide:
     def _hashes(self, request: Any) -> list[bytes]:
         tokens = request.prompt_token_ids
         if tokens is None or getattr(request, "mm_features", None):
-            return []               # prompt embeddings / images: their KV is not named by tokens
+            return []  # prompt embeddings / images: their KV is not named by tokens
         return self._hashing.block_hashes(tokens, _extra_key(request))
 
     def _stored_blocks(self, hashes: list[bytes]) -> Lookup:
@@ -152,8 +174,12 @@ class SchedulerSide:
         except KVStoreError as exc:
             self._count(lookup_failures=1)
             self._skip_lookups_until = time.monotonic() + self.config.lookup_backoff_s
-            log.warning("kvstore: lookup failed (%s: %s); treating requests as uncached for %.1fs",
-                        type(exc).__name__, exc, self.config.lookup_backoff_s)
+            log.warning(
+                "kvstore: lookup failed (%s: %s); treating requests as uncached for %.1fs",
+                type(exc).__name__,
+                exc,
+                self.config.lookup_backoff_s,
+            )
             return Lookup(0, True)
         return Lookup(found // len(self.parts or [None]), False)
 
@@ -179,7 +205,7 @@ class SchedulerSide:
         t.lookup_failed = t.lookup_failed or lookup.failed
         stored = lookup.blocks
         if stored < promised and not lookup.failed and now - t.first_ask < self.config.remote_save_wait_s:
-            return None, False      # the prefill's saves are still landing: ask again next step
+            return None, False  # the prefill's saves are still landing: ask again next step
         if not t.accounted:
             t.accounted = True
             missing = max(0, promised - max(stored, num_computed_tokens // self.block_size))
@@ -187,8 +213,13 @@ class SchedulerSide:
                 t.missing_blocks += missing
                 self._count(recomputed_tokens=missing * self.block_size)
                 found = "kvstore did not answer" if lookup.failed else f"kvstore holds {stored}"
-                log.warning("kvstore: request %s was promised %d blocks, %s; vLLM recomputes %d",
-                            request.request_id, promised, found, missing)
+                log.warning(
+                    "kvstore: request %s was promised %d blocks, %s; vLLM recomputes %d",
+                    request.request_id,
+                    promised,
+                    found,
+                    missing,
+                )
         t.stored = max(t.stored, stored)
         t.local_tokens = num_computed_tokens
         external = stored * self.block_size - num_computed_tokens
@@ -202,8 +233,9 @@ class SchedulerSide:
         t = self._track(request)
         first = t.local_tokens // self.block_size
         last = first + num_external_tokens // self.block_size
-        job = LoadJob(request.request_id, tuple(t.hashes[first:last]), tuple(block_ids[first:last]),
-                      self.config.load_async)
+        job = LoadJob(
+            request.request_id, tuple(t.hashes[first:last]), tuple(block_ids[first:last]), self.config.load_async
+        )
         self._loads.append(job)
         t.loading = frozenset(job.block_ids)
         t.loaded_blocks += len(job.block_ids)
@@ -241,8 +273,9 @@ class SchedulerSide:
             t = self._requests.get(req_id)
             if t is None or not t.hashes:
                 continue
-            done = min(len(t.hashes), (before + scheduler_output.num_scheduled_tokens.get(req_id, 0))
-                       // self.block_size)
+            done = min(
+                len(t.hashes), (before + scheduler_output.num_scheduled_tokens.get(req_id, 0)) // self.block_size
+            )
             start = max(t.dispatched, t.stored)
             if done <= start:
                 continue
@@ -265,9 +298,11 @@ class SchedulerSide:
         t = self._requests.pop(request.request_id, None)
         if t is None:
             return False, None
-        params: dict[str, Any] = {"kvstore_loaded_tokens": t.loaded_blocks * self.block_size,
-                                  "kvstore_missing_tokens": t.missing_blocks * self.block_size,
-                                  "kvstore_lookup_failed": t.lookup_failed}
+        params: dict[str, Any] = {
+            "kvstore_loaded_tokens": t.loaded_blocks * self.block_size,
+            "kvstore_missing_tokens": t.missing_blocks * self.block_size,
+            "kvstore_lookup_failed": t.lookup_failed,
+        }
         if not self.save_enabled:
             return False, params
         blocks = max(t.dispatched, t.stored)
@@ -285,8 +320,11 @@ class SchedulerSide:
         if not lookup.failed and lookup.blocks == len(hashes):
             return {}
         self._count(unsaved_blocks=len(hashes) - lookup.blocks)
-        error = ("kvstore did not answer: the saves are unconfirmed" if lookup.failed
-                 else f"kvstore holds {lookup.blocks} of the {len(hashes)} blocks saved: a save failed")
+        error = (
+            "kvstore did not answer: the saves are unconfirmed"
+            if lookup.failed
+            else f"kvstore holds {lookup.blocks} of the {len(hashes)} blocks saved: a save failed"
+        )
         log.warning("kvstore: request %s: %s; the decode instance recomputes the rest", req_id, error)
         return {"kvstore_blocks": lookup.blocks, "kvstore_save_error": error}
 

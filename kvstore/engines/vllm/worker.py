@@ -10,8 +10,9 @@ into vLLM: a failed save costs a later recompute, a failed load is recomputed no
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -30,8 +31,9 @@ class UnsupportedCache(ValueError):
     """The KV cache tensors are not laid out as block-major CPU memory this connector can move."""
 
 
-def cache_planes(kv_caches: dict[str, torch.Tensor], num_blocks: int
-                 ) -> tuple[list[torch.Tensor], list[int], dict[str, int]]:
+def cache_planes(
+    kv_caches: dict[str, torch.Tensor], num_blocks: int
+) -> tuple[list[torch.Tensor], list[int], dict[str, int]]:
     """Split vLLM's per-layer cache tensors into block-major planes, whatever the backend's layout:
     `[num_blocks, ...]` (CPU, MLA, ...) is one plane; `[2, num_blocks, ...]` is two (K and V).
     Returns (planes, layer index of each plane, layer index of each layer name). Layers that share
@@ -47,19 +49,24 @@ def cache_planes(kv_caches: dict[str, torch.Tensor], num_blocks: int
             continue
         layer = seen[ident] = layer_of_name[name] = len(seen)
         if t.device.type != "cpu":
-            raise UnsupportedCache(f"layer {name}: the KV cache is on {t.device}; this connector moves "
-                                   "CPU caches (vLLM's CPU build) only")
+            raise UnsupportedCache(
+                f"layer {name}: the KV cache is on {t.device}; this connector moves CPU caches (vLLM's CPU build) only"
+            )
         if t.dim() >= 2 and t.shape[0] == num_blocks:
             split = [t]
         elif t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == num_blocks:
             split = [t[0], t[1]]
         else:
-            raise UnsupportedCache(f"layer {name}: KV cache shape {tuple(t.shape)} has no block dimension "
-                                   f"of size {num_blocks} first (or after a leading K/V dimension of 2)")
+            raise UnsupportedCache(
+                f"layer {name}: KV cache shape {tuple(t.shape)} has no block dimension "
+                f"of size {num_blocks} first (or after a leading K/V dimension of 2)"
+            )
         for plane in split:
             if not plane[0].is_contiguous():
-                raise UnsupportedCache(f"layer {name}: a block of shape {tuple(plane.shape[1:])} is not "
-                                       "contiguous; it cannot be moved as one object")
+                raise UnsupportedCache(
+                    f"layer {name}: a block of shape {tuple(plane.shape[1:])} is not "
+                    "contiguous; it cannot be moved as one object"
+                )
             planes.append(plane)
             layer_of_plane.append(layer)
     if not planes:
@@ -68,8 +75,9 @@ def cache_planes(kv_caches: dict[str, torch.Tensor], num_blocks: int
 
 
 class WorkerSide:
-    def __init__(self, config: ConnectorConfig, block_size: int, num_blocks: int, layout_suffix: str,
-                 client: Any | None = None) -> None:
+    def __init__(
+        self, config: ConnectorConfig, block_size: int, num_blocks: int, layout_suffix: str, client: Any | None = None
+    ) -> None:
         self.config = config
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -81,12 +89,12 @@ class WorkerSide:
         self._save_pool = ThreadPoolExecutor(1, thread_name_prefix="kvstore-save")
         self._load_pool = ThreadPoolExecutor(1, thread_name_prefix="kvstore-load")
         self._step_saves: list[Future[SaveResult]] = []
-        self._step_waits: dict[int, Future[SaveResult]] = {}     # earlier saves this step's blocks need
+        self._step_waits: dict[int, Future[SaveResult]] = {}  # earlier saves this step's blocks need
         self._step_deduped = 0
         self._in_flight = InFlightSaves()
-        self._saving: dict[str, list[Future[SaveResult]]] = {}    # async saves by request
-        self._uncounted: list[list[Future[SaveResult]]] = []      # async saves by step
-        self._finished: set[str] = set()                          # finished, saves still running
+        self._saving: dict[str, list[Future[SaveResult]]] = {}  # async saves by request
+        self._uncounted: list[list[Future[SaveResult]]] = []  # async saves by step
+        self._finished: set[str] = set()  # finished, saves still running
         self._loading: dict[str, tuple[LoadJob, Future[LoadResult]]] = {}
         self._load_errors: set[int] = set()
         self._idle_step = False
@@ -99,26 +107,50 @@ class WorkerSide:
     def register(self, kv_caches: dict[str, torch.Tensor], model: str) -> NamingHandshake:
         planes, layer_of_plane, self._layer_of_name = cache_planes(kv_caches, self.num_blocks)
         layout = f"{layout_name(planes, self.config.granularity)}-{self.layout_suffix}"
-        scheme = KeyScheme(model=model, layout=layout, block_size=self.block_size,
-                           tenant=self.config.tenant, seed=self.config.hash_seed)
+        scheme = KeyScheme(
+            model=model,
+            layout=layout,
+            block_size=self.block_size,
+            tenant=self.config.tenant,
+            seed=self.config.hash_seed,
+        )
         if self._client is None:
-            self._client = KVClient(self.config.meta, ClientConfig(timeout_s=self.config.transfer_timeout_s,
-                                                                   transports=self.config.transports,
-                                                                   token=self.config.token))
+            self._client = KVClient(
+                self.config.meta,
+                ClientConfig(
+                    timeout_s=self.config.transfer_timeout_s, transports=self.config.transports, token=self.config.token
+                ),
+            )
         self.codec = KVBlockCodec(self._client, scheme, planes, self.config.granularity, layer_of_plane)
         try:
             self.codec.check_scheme()
         except SchemeMismatch:
             raise
-        except KVStoreError as exc:     # the store may come up later: run, and miss until it does
-            log.warning("kvstore: could not record the key scheme at %s (%s: %s); continuing",
-                        self.config.meta, type(exc).__name__, exc)
-        self.handshake = NamingHandshake(model, layout, self.block_size, self.config.tenant,
-                                         self.config.hash_seed, self.codec.object_parts,
-                                         scheme.fingerprint, self.codec.block_nbytes)
-        log.info("kvstore: registered %d cache planes of %d blocks for %d layers as %s (%d bytes a block)",
-                 len(planes), self.num_blocks, len(set(layer_of_plane)), scheme.namespace,
-                 self.codec.block_nbytes)
+        except KVStoreError as exc:  # the store may come up later: run, and miss until it does
+            log.warning(
+                "kvstore: could not record the key scheme at %s (%s: %s); continuing",
+                self.config.meta,
+                type(exc).__name__,
+                exc,
+            )
+        self.handshake = NamingHandshake(
+            model,
+            layout,
+            self.block_size,
+            self.config.tenant,
+            self.config.hash_seed,
+            self.codec.object_parts,
+            scheme.fingerprint,
+            self.codec.block_nbytes,
+        )
+        log.info(
+            "kvstore: registered %d cache planes of %d blocks for %d layers as %s (%d bytes a block)",
+            len(planes),
+            self.num_blocks,
+            len(set(layer_of_plane)),
+            scheme.namespace,
+            self.codec.block_nbytes,
+        )
         return self.handshake
 
     def close(self) -> None:
@@ -145,19 +177,30 @@ class WorkerSide:
                 self._loaded(job, self.codec.load(list(job.hashes), list(job.block_ids)))
 
     def _loaded(self, job: LoadJob, result: LoadResult) -> None:
-        failed = job.block_ids[result.blocks_loaded:]
+        failed = job.block_ids[result.blocks_loaded :]
         self._count(loads=1, load_blocks=result.blocks_loaded, load_bytes=result.nbytes, load_s=result.seconds)
         if failed:
             self._load_errors.update(failed)
             self._count(load_failures=1, failed_blocks=len(failed))
             err = result.error
-            log.warning("kvstore: load for request %s got %d of %d blocks (%s: %s); vLLM recomputes "
-                        "the other %d", job.req_id, result.blocks_loaded, len(job.block_ids),
-                        type(err).__name__ if err else "miss", err, len(failed))
+            log.warning(
+                "kvstore: load for request %s got %d of %d blocks (%s: %s); vLLM recomputes the other %d",
+                job.req_id,
+                result.blocks_loaded,
+                len(job.block_ids),
+                type(err).__name__ if err else "miss",
+                err,
+                len(failed),
+            )
         else:
-            log.debug("kvstore: loaded %d blocks (%d tokens, %d bytes) for request %s in %.1f ms",
-                     result.blocks_loaded, result.blocks_loaded * self.block_size, result.nbytes,
-                     job.req_id, result.seconds * 1e3)
+            log.debug(
+                "kvstore: loaded %d blocks (%d tokens, %d bytes) for request %s in %.1f ms",
+                result.blocks_loaded,
+                result.blocks_loaded * self.block_size,
+                result.nbytes,
+                job.req_id,
+                result.seconds * 1e3,
+            )
 
     def load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -186,12 +229,12 @@ class WorkerSide:
             self._count(save_deduped=self._step_deduped)
             self._step_deduped = 0
         if self.config.save_async:
-            for job in meta.saves:      # every one, even if nothing was submitted: each gets its ack
+            for job in meta.saves:  # every one, even if nothing was submitted: each gets its ack
                 self._saving.setdefault(job.req_id, []).extend(futures + waits)
             if futures:
                 self._uncounted.append(futures)
         else:
-            for earlier in waits:       # counted with the step that submitted it
+            for earlier in waits:  # counted with the step that submitted it
                 earlier.result()
             self._collect_saves(futures)
 
@@ -215,12 +258,19 @@ class WorkerSide:
             return
         error = next((r.error for r in results if r.error is not None), None)
         written = min(r.blocks_written + r.blocks_present for r in results)
-        self._count(saves=1, save_blocks=written, save_bytes=sum(r.nbytes for r in results),
-                    save_s=sum(r.seconds for r in results))
+        self._count(
+            saves=1,
+            save_blocks=written,
+            save_bytes=sum(r.nbytes for r in results),
+            save_s=sum(r.seconds for r in results),
+        )
         if error is not None:
             self._count(save_failures=1)
-            log.warning("kvstore: save failed (%s: %s); those blocks will be recomputed when needed",
-                        type(error).__name__, error)
+            log.warning(
+                "kvstore: save failed (%s: %s); those blocks will be recomputed when needed",
+                type(error).__name__,
+                error,
+            )
 
     def drain_saves(self) -> None:
         """Before preempted requests' blocks are reused: let every save in flight finish."""
