@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -20,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvstore.cli.launch import start_daemon, start_meta
 from kvstore.cli.shardprocs import ShardProcesses, shard_config
 from kvstore.cli.stopping import StopSignals
-from kvstore.config import DaemonConfig, MetaConfig, random_secret, resolve_secret
+from kvstore.config import DaemonConfig, MetaConfig, random_secret
 from kvstore.configflags import ConfigFlags
-from kvstore.errors import InvalidArgument, KeyBusy, Unavailable
+from kvstore.errors import InvalidArgument, KeyBusy
 from kvstore.meta.shardmap import StaticShards
 
 if TYPE_CHECKING:
@@ -61,23 +61,6 @@ def add_command(name: str, sp: argparse.ArgumentParser) -> None:
     sp.set_defaults(run={"serve": cmd_serve, "meta": cmd_meta, "daemon": cmd_daemon}[name], flags=flags)
 
 
-def _start_meta(cfg: MetaConfig) -> MetaServer:
-    from kvstore.grant import GrantSigner
-    from kvstore.meta.service import MetaServer
-
-    secret, insecure = resolve_secret(cfg.secret)
-    if insecure:
-        log.warning(
-            "no secret configured: grants are signed with the insecure development secret "
-            "(set KVSTORE_SECRET or --secret on the service and every daemon)"
-        )
-    try:
-        server = MetaServer(cfg, GrantSigner(secret))
-    except (RuntimeError, OSError) as exc:  # gRPC says "Failed to bind to address ..."
-        raise _in_use(cfg.host, cfg.port, "--port") from exc
-    return server.start()
-
-
 def _say_token(meta: MetaServer) -> None:
     if not meta.config.auth:
         print("kvstore: authentication is OFF (auth = false): anyone who reaches the port is the admin", flush=True)
@@ -87,21 +70,6 @@ def _say_token(meta: MetaServer) -> None:
             "`kvstore tenant token NAME` makes tokens for others)",
             flush=True,
         )
-
-
-def _start_daemon(cfg: DaemonConfig) -> StorageDaemon:
-    from kvstore.daemon import StorageDaemon
-
-    try:
-        return StorageDaemon(cfg).start()
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise _in_use(cfg.host, cfg.tcp_port, "--tcp-port") from exc
-        raise
-
-
-def _in_use(host: str, port: int, flag: str) -> Unavailable:
-    return Unavailable(f"cannot listen on {host}:{port}: the port is in use (choose another with {flag}, or 0 for any)")
 
 
 def _endpoints(daemon: StorageDaemon) -> str:
@@ -141,7 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"kvstore serve reserves {reservation(daemon_cfg)}", flush=True)
     shards = _start_shards(meta_cfg, args.shards)
     try:
-        meta = _start_meta(meta_cfg if shards is None else shard_config(meta_cfg, 0, args.shards))
+        meta = start_meta(meta_cfg if shards is None else shard_config(meta_cfg, 0, args.shards))
     except BaseException:
         if shards is not None:
             shards.stop()
@@ -154,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             shards.share_map(addresses)
             print(f"kvstore meta shards 1..{args.shards - 1} at {', '.join(shards.addresses)}", flush=True)
         tls = _daemon_tls(meta_cfg, daemon_cfg)
-        daemon = _start_daemon(flags.load(DaemonConfig, args, secret=meta_cfg.secret, meta_address=meta.address, **tls))
+        daemon = start_daemon(flags.load(DaemonConfig, args, secret=meta_cfg.secret, meta_address=meta.address, **tls))
     except BaseException:
         meta.stop()
         if shards is not None:
@@ -195,7 +163,7 @@ def _daemon_tls(meta: MetaConfig, daemon: DaemonConfig) -> dict[str, str]:
 
 def cmd_meta(args: argparse.Namespace) -> int:
     stopping = StopSignals()
-    meta = _start_meta(args.flags.load(MetaConfig, args))
+    meta = start_meta(args.flags.load(MetaConfig, args))
     _say_token(meta)
     print(f"kvstore ready: meta={meta.address}{_observed(meta, None)}", flush=True)
     stopping.wait()
@@ -207,7 +175,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     stopping = StopSignals()
     cfg = args.flags.load(DaemonConfig, args)
     print(f"kvstore daemon reserves {reservation(cfg)}", flush=True)
-    daemon = _start_daemon(cfg)
+    daemon = start_daemon(cfg)
     print(f"kvstore ready: daemon={daemon.daemon_id} {_endpoints(daemon)}{_observed(None, daemon)}", flush=True)
     stopping.wait()
     daemon.stop()

@@ -15,6 +15,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from kvstore.cli.launch import start_meta
 from kvstore.config import MetaConfig
 from kvstore.errors import Unavailable
 
@@ -37,14 +38,13 @@ def shard_config(cfg: MetaConfig, index: int, count: int) -> MetaConfig:
 
 def _run_shard(cfg: MetaConfig, conn: Connection) -> None:
     """A shard process: serve until told to stop (or the parent is gone)."""
-    from kvstore.cli.servers import _start_meta
     from kvstore.cli.stopping import StopSignals
     from kvstore.meta.shardmap import StaticShards
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
     terminated = StopSignals((signal.SIGTERM,))  # a SIGTERM of its own stops it cleanly too
     try:
-        meta = _start_meta(cfg)
+        meta = start_meta(cfg)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which says it
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
