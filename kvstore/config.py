@@ -29,6 +29,7 @@ from kvstore.configload import (  # re-exported: callers load settings through t
 from kvstore.connlimit import Limits
 from kvstore.errors import InvalidArgument
 from kvstore.shards import ShardSpec
+from kvstore.tokens import TOKEN_ENV as TOKEN_ENV  # a client's bearer token, read by kvstore.tokens
 
 __all__ = [
     "ClientConfig",
@@ -55,7 +56,6 @@ INSECURE_DEV_SECRET = "kvstore-insecure-development-secret"
 # Settings that several parts share have one environment name, whatever the section.
 SECRET_ENV = "KVSTORE_SECRET"
 META_ENV = "KVSTORE_META"
-TOKEN_ENV = "KVSTORE_TOKEN"  # a client's bearer token (kvstore/tokens.py)
 
 
 def _require_tls(cert: str, key: str, ca: str) -> None:
@@ -219,7 +219,6 @@ class DaemonConfig:
     tls_ca: str = ""  # PEM CA bundle (or the service's own certificate) the metadata service is checked against
     metrics_port: int = -1  # HTTP /metrics of this daemon: -1 off, 0 any free port
     metrics_host: str = "127.0.0.1"  # address /metrics listens on (an operators' network, reachable by the service)
-    test_hooks: bool = False  # tests only: POST /test/throttle on the metrics port slows transfers
 
     def __post_init__(self) -> None:
         _require(self.dram_size > 0, "dram_size must be positive")

@@ -24,8 +24,9 @@ import secrets
 import stat
 from pathlib import Path
 
-from kvstore.config import TOKEN_ENV
 from kvstore.errors import InvalidArgument, Unauthenticated
+
+TOKEN_ENV = "KVSTORE_TOKEN"  # a client's bearer token
 
 __all__ = ["TOKEN_ENV", "admin_token", "client_token", "daemon_token", "digest", "new_tenant_token", "token_file"]
 
