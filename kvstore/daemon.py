@@ -63,7 +63,7 @@ class StorageDaemon:
 
             self.metrics = DaemonMetrics(self.daemon_id, lambda: list(self._segments.values()), self._connections)
             self._admin = AdminServer(config.metrics_host, config.metrics_port)
-            self.metrics.mount(self._admin, config.test_hooks)
+            self.metrics.mount(self._admin)
         signer = GrantSigner(secret)
         self._checker = GrantChecker(signer, self.segment, observer=self.metrics or NO_TRANSFERS)
         self._segments: dict[str, SegmentStorage] = {}

@@ -69,9 +69,11 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def spawn(args: list[str], env: dict[str, str] | None = None, timeout: float = 60.0) -> Proc:
-    """Start `kvstore ARGS` and return once it prints its readiness line."""
-    popen = subprocess.Popen([sys.executable, "-m", "kvstore.cli", *args], stdout=subprocess.PIPE,
+def spawn(args: list[str], env: dict[str, str] | None = None, timeout: float = 60.0,
+          module: str = "kvstore.cli") -> Proc:
+    """Start `kvstore ARGS` (`python -m MODULE ARGS`: a test's wrapper of the CLI may stand in) and
+    return once it prints its readiness line."""
+    popen = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, env=_env(env))
     lines: queue.Queue[str | None] = queue.Queue()
     proc = Proc(popen, "")

@@ -5,18 +5,11 @@ transport, direction and size class), the grant checker each refusal, the SSD ti
 writes and journal lag (SsdIoObserver); segment capacity and connections are read at scrape time.
 Transfers over shm and mooncake never reach the daemon (the client moves the bytes itself), so
 they are counted by the client only.
-
-With `test_hooks`, POST /test/throttle {"bytes_per_s": N} slows every request that passes
-through `admit` to N bytes a second (0 lifts it): how the tests make one daemon's link slow.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -41,25 +34,6 @@ def _direction(mode: GrantMode) -> str:
     return "in" if mode is GrantMode.WRITE else "out"
 
 
-class Throttle:
-    """A test-only rate limit: admit(n) sleeps so that admitted bytes pass at `bytes_per_s`."""
-
-    def __init__(self) -> None:
-        self.bytes_per_s = 0.0
-        self._lock = threading.Lock()
-
-    def set(self, bytes_per_s: float) -> None:
-        if bytes_per_s < 0:
-            raise ValueError("bytes_per_s must not be negative (0 lifts the throttle)")
-        with self._lock:
-            self.bytes_per_s = bytes_per_s
-
-    def admit(self, nbytes: int) -> None:
-        rate = self.bytes_per_s
-        if rate > 0 and nbytes > 0:
-            time.sleep(nbytes / rate)  # the throttle is the delay itself
-
-
 class DaemonMetrics:
     """TransferObserver and SsdIoObserver of one daemon. Thread safe."""
 
@@ -70,7 +44,6 @@ class DaemonMetrics:
         connections: Callable[[], dict[str, int]],
     ) -> None:
         self.daemon_id = daemon_id
-        self.throttle = Throttle()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._transfers: dict[tuple[str, ...], Timed] = {}  # (transport, direction, size class) -> bytes, times
@@ -93,7 +66,7 @@ class DaemonMetrics:
     # -- TransferObserver ------------------------------------------------------------------------
 
     def admit(self, transport: str, mode: GrantMode, nbytes: int) -> None:
-        self.throttle.admit(nbytes)
+        pass
 
     def transferred(self, transport: str, mode: GrantMode, nbytes: int, seconds: float | None) -> None:
         direction = _direction(mode)
@@ -142,21 +115,10 @@ class DaemonMetrics:
 
     # -- HTTP ------------------------------------------------------------------------------------
 
-    def mount(self, admin: AdminServer, test_hooks: bool = False) -> None:
+    def mount(self, admin: AdminServer) -> None:
         admin.route(
             "GET", "/metrics", lambda query, body: Response(200, PROMETHEUS_TEXT, generate_latest(self.registry))
         )
-        if test_hooks:
-            # Tests only (test_hooks): a daemon knows no operator token to guard it with.
-            admin.route("POST", "/test/throttle", self._set_throttle, guarded=False)
-
-    def _set_throttle(self, query: dict[str, list[str]], body: bytes) -> Response:
-        try:
-            wanted: Any = json.loads(body or b"{}").get("bytes_per_s", 0)
-            self.throttle.set(float(wanted))
-        except (AttributeError, TypeError, json.JSONDecodeError) as exc:
-            raise ValueError(f'send {{"bytes_per_s": N}} (0 lifts the throttle): {exc}') from None
-        return Response.json({"bytes_per_s": self.throttle.bytes_per_s})
 
 
 class _SegmentCollector(Collector):

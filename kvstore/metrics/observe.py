@@ -16,7 +16,7 @@ METRICS_ENDPOINT = "metrics"  # the endpoint a daemon advertises its /metrics un
 
 class TransferObserver(Protocol):
     def admit(self, transport: str, mode: GrantMode, nbytes: int) -> None:
-        """A checked request is about to move `nbytes`. May block (a test-only throttle does);
+        """A checked request is about to move `nbytes` (where a transfer may be paced: it may block);
         must not raise."""
 
     def transferred(self, transport: str, mode: GrantMode, nbytes: int, seconds: float | None) -> None:

@@ -11,13 +11,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.cluster import Cluster, spawn
 
 
-def serve_observed(dram: str, *extra: str, env: dict[str, str] | None = None) -> tuple[Cluster, str, str, str]:
+def serve_observed(dram: str, *extra: str, env: dict[str, str] | None = None,
+                   module: str = "kvstore.cli") -> tuple[Cluster, str, str, str]:
     """`kvstore serve` with --admin-port 0 and --metrics-port 0: (cluster, meta, admin, daemon metrics)."""
     cluster = Cluster()
     ssd = [] if "--ssd-dir" in extra else ["--ssd-dir", ""]
     try:
         proc = spawn(["serve", "--port", "0", "--dram", dram, *ssd, "--admin-port", "0", "--metrics-port", "0",
-                      *extra], env)
+                      *extra], env, module=module)
     except BaseException:
         cluster.close()
         raise

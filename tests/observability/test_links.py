@@ -1,4 +1,4 @@
-"""The link monitor against a real daemon slowed on purpose (its test-only throttle): the measured
+"""The link monitor against a real daemon slowed on purpose (tests/observability/throttled.py): the measured
 bandwidth drops, the router's cost model moves long prompts off PD, and the example alert rule
 fires when promtool evaluates it on the scraped metrics."""
 
@@ -16,17 +16,21 @@ from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.engines.router.policy import CostModel, CostPolicy, InstanceLoad, Pools, Route, RouteRequest
 from kvstore.engines.router.telemetry import Telemetry
+from tests.observability import throttled
 from tests.observability.scrape import Scrape, fetch, serve_observed
 
 MIB = 1 << 20
-ALERTS = Path(__file__).resolve().parents[2] / "docs" / "prometheus" / "alerts.yml"
+REPO = Path(__file__).resolve().parents[2]
+ALERTS = REPO / "docs" / "prometheus" / "alerts.yml"
 THROTTLE = 5e6  # bytes/s
 
 
 @pytest.fixture(scope="module")
-def measured():
+def measured(tmp_path_factory):
     """Link figures and client scrapes before and after one daemon is throttled."""
-    cluster, meta, _, daemon_metrics = serve_observed("64MiB", env={"KVSTORE_DAEMON_TEST_HOOKS": "1"})
+    rate_file = tmp_path_factory.mktemp("throttle") / "bytes_per_s"
+    env = {throttled.RATE_FILE_ENV: str(rate_file), "PYTHONPATH": str(REPO)}
+    cluster, meta, _, _ = serve_observed("64MiB", env=env, module="tests.observability.throttled")
     try:
         with KVClient(meta, ClientConfig(transports=("tcp",))) as kv:
             keys = [f"link/{i}" for i in range(12)]
@@ -35,14 +39,12 @@ def measured():
                 kv.get(key)
             before = kv.links()
             text_before = generate_latest(kv.metrics.registry).decode()
-            answer = json.loads(fetch(f"http://{daemon_metrics}/test/throttle",
-                                      json.dumps({"bytes_per_s": THROTTLE}).encode()))
-            assert answer == {"bytes_per_s": THROTTLE}
+            throttled.set_rate(rate_file, THROTTLE)
             for key in keys[6:9]:
                 kv.get(key)
             after = kv.links()
             text_after = generate_latest(kv.metrics.registry).decode()
-            fetch(f"http://{daemon_metrics}/test/throttle", b'{"bytes_per_s": 0}')
+            throttled.set_rate(rate_file, 0)
         yield before, after, text_before, text_after
     finally:
         cluster.close()
