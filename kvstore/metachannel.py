@@ -1,5 +1,5 @@
 """How a process reaches the metadata service: gRPC, plus the service's fast lane when it offers
-one (kvstore/fastrpc.py: the same messages over a plain socket, ~10x cheaper per call).
+one (kvstore/wire/frames.py: the same messages over a plain socket, ~10x cheaper per call).
 
 A failed call becomes the kvstore error it stands for: the service sends the full ErrorDetail
 (gRPC trailing metadata, or the fast lane's error frame), so a caller can tell NoSpace from
@@ -22,11 +22,12 @@ from typing import Any, cast
 
 import grpc
 
-from kvstore import __version__, fastrpc, wire
+from kvstore import __version__
 from kvstore.errors import KVStoreError, PermissionDenied, Unavailable, from_rpc_error
 from kvstore.tls import TlsFiles, client_context, grpc_channel_credentials
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
+from kvstore.wire import convert, frames
 
 log = logging.getLogger(__name__)
 _GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
@@ -133,16 +134,16 @@ class MetaChannel:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is not None:
                 sock = self._ssl.wrap_socket(sock, server_hostname=self._tls.server_name or host)
-            sock.sendall(fastrpc.hello_frame(__version__, self._token))
-            (_, status), body = fastrpc.recv_frame(sock, fastrpc.RESPONSE)
+            sock.sendall(frames.hello_frame(__version__, self._token))
+            (_, status), body = frames.recv_frame(sock, frames.RESPONSE)
             sock.settimeout(self.timeout_s)  # pooled connections keep the default
-        except (OSError, EOFError, fastrpc.BadFrame) as exc:
+        except (OSError, EOFError, frames.BadFrame) as exc:
             # The service may have restarted on another lane port: ask again after a pause.
             log.warning("fast lane %s:%d unreachable (%s); using gRPC for %.0f s", host, port, exc, _RETRY_LANE_AFTER_S)
             self._lane_port = None
             self._lane_down_until = time.monotonic() + _RETRY_LANE_AFTER_S
             return None
-        if status != fastrpc.OK:
+        if status != frames.OK:
             sock.close()
             detail = _detail_error(body, f"the fast lane of {self.address}")
             if isinstance(detail, PermissionDenied):
@@ -153,23 +154,23 @@ class MetaChannel:
         return sock
 
     def _begin_lane(self, sock: socket.socket, name: str, request: Any, timeout: float) -> Callable[[], Any]:
-        method, header, payload = fastrpc.encode_request(name, request)
+        method, header, payload = frames.encode_request(name, request)
         try:
             if timeout != self.timeout_s:  # pooled connections keep the default: no syscall per call
                 sock.settimeout(timeout)
-            fastrpc.send_frame(sock, header, payload)
+            frames.send_frame(sock, header, payload)
         except OSError as exc:
             raise self._lane_failed(sock, name, exc) from exc
         return lambda: self._finish_lane(sock, name, method.response, timeout)
 
     def _finish_lane(self, sock: socket.socket, name: str, response: Any, timeout: float) -> Any:
         try:
-            (_, status), body = fastrpc.recv_frame(sock, fastrpc.RESPONSE)
+            (_, status), body = frames.recv_frame(sock, frames.RESPONSE)
             if timeout != self.timeout_s:
                 sock.settimeout(self.timeout_s)
-        except (OSError, EOFError, fastrpc.BadFrame) as exc:
+        except (OSError, EOFError, frames.BadFrame) as exc:
             raise self._lane_failed(sock, name, exc) from exc
-        failure = _detail_error(body, f"{name} to {self.address}") if status != fastrpc.OK else None
+        failure = _detail_error(body, f"{name} to {self.address}") if status != frames.OK else None
         # The service closes a connection whose token it refuses: never pool one (the next call
         # would find it reset, and report the service down instead of the refusal).
         with self._lock:
@@ -192,7 +193,7 @@ class MetaChannel:
 
 def _detail_error(body: bytes, what: str) -> KVStoreError:
     try:
-        return wire.error_from_pb(pb.ErrorDetail.FromString(body))
+        return convert.error_from_pb(pb.ErrorDetail.FromString(body))
     except Exception as exc:  # noqa: BLE001 - an undecodable error frame
         return Unavailable(f"{what}: the metadata service sent an undecodable error ({exc})")
 
@@ -205,7 +206,7 @@ def _grpc_error(exc: grpc.RpcError, what: str) -> KVStoreError:
     except AttributeError:  # not raised by a call: no metadata
         trailing = ()
     for key, value in trailing:
-        if key == wire.ERROR_DETAIL_KEY and isinstance(value, bytes):
+        if key == convert.ERROR_DETAIL_KEY and isinstance(value, bytes):
             return _detail_error(value, what)
     return from_rpc_error(exc, what)
 

@@ -2,7 +2,7 @@
 
 The one way any process talks to the service: the client SDK, the storage daemon and its tier
 mover all use it. Arguments and results are the plain types of kvstore.types, kvstore.results
-and kvstore.stats; protobuf stays in kvstore.wire. Thread safe.
+and kvstore.stats; protobuf stays in kvstore.wire.convert. Thread safe.
 
 `address` names one service ("host:port"), several ("h1:p1,h2:p2": a leader and its standbys),
 or a Redis URL ("redis://host:port/db?cluster=NAME") where the leader is looked up. A call a
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvstore import tokens, wire, wire_keys, wire_tenants
+from kvstore import tokens
 from kvstore.errors import NotLeader, Unavailable, WrongShard
 from kvstore.metachannel import MetaChannel
 from kvstore.metatargets import Targets
@@ -41,6 +41,7 @@ from kvstore.stats import StoreStats
 from kvstore.tls import TlsFiles
 from kvstore.types import MoveTask, SegmentInfo
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire import convert, listing, tenant_info
 
 _BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 _MAX_HOPS = 4  # NotLeader redirections followed for one call
@@ -172,7 +173,7 @@ class MetaClient:
     # -- engines' calls ---------------------------------------------------------------------------
 
     def service_info(self) -> ServiceInfo:
-        return wire.service_info_from_pb(self._call("ServiceInfo", pb.ServiceInfoRequest()))
+        return convert.service_info_from_pb(self._call("ServiceInfo", pb.ServiceInfoRequest()))
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         return self.begin_exists(keys)()
@@ -195,7 +196,7 @@ class MetaClient:
     ) -> Callable[[], PutStartReply]:
         request = pb.PutStartRequest(keys=keys, sizes=sizes, replica_num=replica_num, client_host=client_host)
         finish = self._begin("PutStart", request, repeatable=False)
-        return lambda: wire.put_start_reply_from_pb(finish())
+        return lambda: convert.put_start_reply_from_pb(finish())
 
     def put_end(
         self,
@@ -216,17 +217,17 @@ class MetaClient:
         request = pb.PutEndRequest(
             keys=keys,
             checksums=checksums,
-            written=[wire.put_written_to_pb(w) for w in written],
+            written=[convert.put_written_to_pb(w) for w in written],
             failed_segments=failed_segments,
         )
         finish = self._begin("PutEnd", request)
-        return lambda: wire.put_end_reply_from_pb(finish())
+        return lambda: convert.put_end_reply_from_pb(finish())
 
     def reserve(self, client_id: str, client_host: str, size: int) -> Reserved:
         """A region for many small puts. Repeated while no service answers: a region whose
         answer was lost is freed when its grant expires."""
         request = pb.ReserveRequest(client_id=client_id, client_host=client_host, bytes=size)
-        return wire.reserved_from_pb(self._call("Reserve", request))
+        return convert.reserved_from_pb(self._call("Reserve", request))
 
     def put_commit(
         self,
@@ -249,7 +250,7 @@ class MetaClient:
             checksums=checksums,
             released=released,
         )
-        return wire.key_results_from_pb(self._call("PutCommit", request).results)
+        return convert.key_results_from_pb(self._call("PutCommit", request).results)
 
     def put_revoke(self, keys: Sequence[str], failed_segments: Sequence[str] = ()) -> list[KeyResult]:
         return self.begin_put_revoke(keys, failed_segments)()
@@ -258,7 +259,7 @@ class MetaClient:
         self, keys: Sequence[str], failed_segments: Sequence[str] = ()
     ) -> Callable[[], list[KeyResult]]:
         finish = self._begin("PutRevoke", pb.PutRevokeRequest(keys=keys, failed_segments=failed_segments))
-        return lambda: wire.key_results_from_pb(finish().results)
+        return lambda: convert.key_results_from_pb(finish().results)
 
     def get(
         self,
@@ -291,7 +292,7 @@ class MetaClient:
             touched=touched,
         )
         finish = self._begin("Get", request)
-        return lambda: wire.get_reply_from_pb(finish())
+        return lambda: convert.get_reply_from_pb(finish())
 
     def remove(
         self, keys: Sequence[str], force: bool = False, released: Sequence[int] = (), client_id: str = ""
@@ -302,27 +303,27 @@ class MetaClient:
         self, keys: Sequence[str], force: bool = False, released: Sequence[int] = (), client_id: str = ""
     ) -> Callable[[], list[KeyResult]]:
         finish = self._begin("Remove", pb.RemoveRequest(keys=keys, force=force, released=released, client_id=client_id))
-        return lambda: wire.key_results_from_pb(finish().results)
+        return lambda: convert.key_results_from_pb(finish().results)
 
     def pin(self, keys: Sequence[str], ttl_s: float) -> list[KeyResult]:
         response = self._call("Pin", pb.PinRequest(keys=keys, ttl_ms=int(ttl_s * 1000)))
-        return wire.key_results_from_pb(response.results)
+        return convert.key_results_from_pb(response.results)
 
     def unpin(self, keys: Sequence[str]) -> list[KeyResult]:
-        return wire.key_results_from_pb(self._call("Unpin", pb.UnpinRequest(keys=keys)).results)
+        return convert.key_results_from_pb(self._call("Unpin", pb.UnpinRequest(keys=keys)).results)
 
     def stats(self) -> StoreStats:
         return self.begin_stats()()
 
     def begin_stats(self) -> Callable[[], StoreStats]:
         finish = self._begin("Stats", pb.StatsRequest())
-        return lambda: wire.stats_from_pb(finish())
+        return lambda: convert.stats_from_pb(finish())
 
     # -- daemons' calls ---------------------------------------------------------------------------
 
     def mount_segment(self, info: SegmentInfo, retry_s: float = 0.0) -> None:
         """Offer a segment (mounting the same segment again changes nothing, so it is retried)."""
-        request = pb.MountSegmentRequest(segment=wire.segment_to_pb(info))
+        request = pb.MountSegmentRequest(segment=convert.segment_to_pb(info))
         self._call("MountSegment", request, retry_s=retry_s)
 
     def unmount_segment(self, segment_id: str, timeout_s: float | None = None) -> int:
@@ -332,18 +333,18 @@ class MetaClient:
 
     def heartbeat(self, daemon_id: str, segment_ids: Sequence[str], timeout_s: float | None = None) -> HeartbeatReply:
         request = pb.HeartbeatRequest(daemon_id=daemon_id, segment_ids=segment_ids)
-        return wire.heartbeat_reply_from_pb(self._call("Heartbeat", request, timeout_s))
+        return convert.heartbeat_reply_from_pb(self._call("Heartbeat", request, timeout_s))
 
     def announce_blocks(self, segment_id: str, blocks: Sequence[Block]) -> list[KeyResult]:
-        request = pb.AnnounceBlocksRequest(segment_id=segment_id, blocks=wire.blocks_to_pb(blocks))
-        return wire.key_results_from_pb(self._call("AnnounceBlocks", request).results)
+        request = pb.AnnounceBlocksRequest(segment_id=segment_id, blocks=convert.blocks_to_pb(blocks))
+        return convert.key_results_from_pb(self._call("AnnounceBlocks", request).results)
 
     def claim_moves(self, daemon_id: str, max_bytes: int, timeout_s: float | None = None) -> list[MoveTask]:
         request = pb.ClaimMovesRequest(daemon_id=daemon_id, max_bytes=max_bytes)
-        return [wire.move_from_pb(t) for t in self._call("ClaimMoves", request, timeout_s).tasks]
+        return [convert.move_from_pb(t) for t in self._call("ClaimMoves", request, timeout_s).tasks]
 
     def complete_moves(self, daemon_id: str, outcomes: Sequence[MoveOutcome], timeout_s: float | None = None) -> None:
-        request = pb.CompleteMovesRequest(daemon_id=daemon_id, results=wire.move_outcomes_to_pb(outcomes))
+        request = pb.CompleteMovesRequest(daemon_id=daemon_id, results=convert.move_outcomes_to_pb(outcomes))
         self._call("CompleteMoves", request, timeout_s)
 
     # -- operators' calls (read-only) -------------------------------------------------------------
@@ -351,19 +352,19 @@ class MetaClient:
     def list_keys(self, prefix: str = "", limit: int = 0, cursor: str = "") -> KeyListing:
         """One page of the stored keys starting with `prefix`, in byte order, after `cursor`."""
         request = pb.ListKeysRequest(prefix=prefix, limit=limit, cursor=cursor)
-        return wire_keys.listing_from_pb(self._call("ListKeys", request))
+        return listing.listing_from_pb(self._call("ListKeys", request))
 
     def describe(self, keys: Sequence[str]) -> list[KeyInfo]:
         response = self._call("Describe", pb.DescribeRequest(keys=keys))
-        return wire_keys.key_infos_from_pb(keys, list(response.keys))
+        return listing.key_infos_from_pb(keys, list(response.keys))
 
     # -- tenants (the admin's calls) ---------------------------------------------------------------
 
     def tenant_add(self, tenant: TenantInfo, update: bool = False, keep_id: bool = False) -> TenantInfo:
         """Make a tenant (AlreadyExists if there is one of that name), or with `update` change one.
         `keep_id`: give it `tenant.id` (a sharded store makes each tenant on every shard alike)."""
-        request = pb.TenantAddRequest(tenant=wire_tenants.tenant_to_pb(tenant), update=update, keep_id=keep_id)
-        return wire_tenants.tenant_from_pb(self._call("TenantAdd", request, repeatable=update).tenant)
+        request = pb.TenantAddRequest(tenant=tenant_info.tenant_to_pb(tenant), update=update, keep_id=keep_id)
+        return tenant_info.tenant_from_pb(self._call("TenantAdd", request, repeatable=update).tenant)
 
     def tenant_token(self, name: str, ttl_s: float = 0.0, token: str = "") -> tuple[str, str]:
         """(token id, token): a new token of tenant `name`, good for `ttl_s` (0: until revoked).
@@ -378,4 +379,4 @@ class MetaClient:
 
     def tenant_list(self) -> list[TenantInfo]:
         response = self._call("TenantList", pb.TenantListRequest())
-        return [wire_tenants.tenant_from_pb(t) for t in response.tenants]
+        return [tenant_info.tenant_from_pb(t) for t in response.tenants]

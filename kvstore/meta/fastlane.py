@@ -1,4 +1,4 @@
-"""The metadata service's fast lane server (see kvstore/fastrpc.py for the framing).
+"""The metadata service's fast lane server (see kvstore/wire/frames.py for the framing).
 
 Every frame is handed to the same MetaHandlers that gRPC calls, so both lanes share one
 translation layer and one set of errors. A connection authenticates with the token in its HELLO,
@@ -15,22 +15,23 @@ import socket
 import ssl
 import threading
 
-from kvstore import __version__, fastrpc, wire
+from kvstore import __version__
 from kvstore.connlimit import Admission, Limits, peer_host
 from kvstore.errors import InvalidArgument, KVStoreError, Unauthenticated, Unavailable
 from kvstore.meta.auth import Authenticator, Session
 from kvstore.meta.handlers import MetaHandlers
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire import convert, frames
 
 log = logging.getLogger(__name__)
 
 
 def _known_method(fields: tuple[int, ...]) -> bool:
-    return fields[1] in fastrpc.METHODS
+    return fields[1] in frames.METHODS
 
 
 def _is_hello(fields: tuple[int, ...]) -> bool:
-    return fields[1] == fastrpc.HELLO
+    return fields[1] == frames.HELLO
 
 
 def _refuse(conn: socket.socket, why: str) -> None:
@@ -45,7 +46,7 @@ def _refuse(conn: socket.socket, why: str) -> None:
 
 
 def _error_frame(err: KVStoreError) -> bytes:
-    return fastrpc.response_frame(wire.error_to_pb(err).SerializeToString(), int(err.code))
+    return frames.response_frame(convert.error_to_pb(err).SerializeToString(), int(err.code))
 
 
 class FastLaneServer:
@@ -134,11 +135,11 @@ class FastLaneServer:
         """Take the client's HELLO; answer WELCOME, or an error (and close: None) for another
         protocol or a token the service does not accept."""
         try:
-            _, payload = fastrpc.recv_frame(
-                conn, fastrpc.REQUEST, _is_hello, max_frame=4096, rest_timeout=self._admission.limits.header_timeout_s
+            _, payload = frames.recv_frame(
+                conn, frames.REQUEST, _is_hello, max_frame=4096, rest_timeout=self._admission.limits.header_timeout_s
             )
             hello = pb.FastLaneHello.FromString(payload)
-        except fastrpc.BadFrame:
+        except frames.BadFrame:
             conn.sendall(_error_frame(InvalidArgument("the fast lane opens with a HELLO frame: closing")))
             return None
         except (EOFError, OSError):
@@ -146,9 +147,9 @@ class FastLaneServer:
         except Exception:  # noqa: BLE001 - an undecodable hello: refuse it
             conn.sendall(_error_frame(InvalidArgument("undecodable fast-lane HELLO: closing")))
             return None
-        if hello.protocol != fastrpc.PROTOCOL:
+        if hello.protocol != frames.PROTOCOL:
             refusal = InvalidArgument(
-                f"fast lane protocol {hello.protocol} is not this service's ({fastrpc.PROTOCOL}, kvstore "
+                f"fast lane protocol {hello.protocol} is not this service's ({frames.PROTOCOL}, kvstore "
                 f"{__version__}); use gRPC"
             )
             conn.sendall(_error_frame(refusal))
@@ -158,21 +159,21 @@ class FastLaneServer:
         except Unauthenticated as exc:
             conn.sendall(_error_frame(exc))
             return None
-        welcome = pb.FastLaneWelcome(protocol=fastrpc.PROTOCOL, server_version=__version__)
-        conn.sendall(fastrpc.response_frame(welcome.SerializeToString()))
+        welcome = pb.FastLaneWelcome(protocol=frames.PROTOCOL, server_version=__version__)
+        conn.sendall(frames.response_frame(welcome.SerializeToString()))
         return session
 
     def _serve_one(self, conn: socket.socket, session: Session) -> bool:
         """Answer one call; False when the connection must close."""
         try:
-            (length, method_id), payload = fastrpc.recv_frame(
-                conn, fastrpc.REQUEST, _known_method, rest_timeout=self._admission.limits.header_timeout_s
+            (length, method_id), payload = frames.recv_frame(
+                conn, frames.REQUEST, _known_method, rest_timeout=self._admission.limits.header_timeout_s
             )
-        except fastrpc.BadFrame as exc:
+        except frames.BadFrame as exc:
             length, method_id = exc.fields
             conn.sendall(_error_frame(InvalidArgument(f"bad frame (method {method_id}, {length} bytes): closing")))
             return False
-        method = fastrpc.METHODS[method_id]
+        method = frames.METHODS[method_id]
         try:
             who = self._auth.current(session)
         except Unauthenticated as exc:
@@ -193,7 +194,7 @@ class FastLaneServer:
             conn.sendall(_error_frame(KVStoreError(f"internal error in {method.name}: {exc}")))
             return True
         body = response.SerializeToString()
-        fastrpc.send_frame(conn, fastrpc.RESPONSE.pack(len(body), fastrpc.OK), body)
+        frames.send_frame(conn, frames.RESPONSE.pack(len(body), frames.OK), body)
         return True
 
     def stop(self) -> None:

@@ -2,7 +2,7 @@
 response message out.
 
 This is the one translation layer between the wire (kvstore.v1 messages, converted by
-kvstore.wire) and MetaStore. Both lanes call it: gRPC (service.py) and the fast lane
+kvstore.wire.convert) and MetaStore. Both lanes call it: gRPC (service.py) and the fast lane
 (fastlane.py), each with the Principal its caller authenticated as (auth.py). A method raises
 KVStoreError for a call that fails as a whole; per-key outcomes travel inside the response.
 Each method makes one call on the store (one lock hold).
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from kvstore import __version__, wire, wire_keys, wire_tenants
+from kvstore import __version__
 from kvstore.errors import InvalidArgument, WrongShard
 from kvstore.meta import tenancy
 from kvstore.meta.auth import ANYONE, Principal
@@ -28,6 +28,8 @@ from kvstore.shards import ShardMap, ShardSpec, foreign, shard_of
 from kvstore.transport.registry import unconfined
 from kvstore.types import CheckedKeys, validate_keys
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire import convert, tenant_info
+from kvstore.wire import listing as wire_keys
 
 Handler = Callable[[Any, Principal], Any]
 _UNCONFINED = unconfined()
@@ -167,7 +169,7 @@ class MetaHandlers:
     def MountSegment(self, request: pb.MountSegmentRequest, who: Principal) -> pb.MountSegmentResponse:
         if not request.HasField("segment"):
             raise InvalidArgument("MountSegment needs a segment")
-        self._writes.mount_segment(wire.segment_from_pb(request.segment))
+        self._writes.mount_segment(convert.segment_from_pb(request.segment))
         return pb.MountSegmentResponse()
 
     def UnmountSegment(self, request: pb.UnmountSegmentRequest, who: Principal) -> pb.UnmountSegmentResponse:
@@ -182,17 +184,17 @@ class MetaHandlers:
         keys = self._keys(request.keys, who)
         host = self._host(request.client_host, who)
         reply = self._writes.put_start(keys, list(request.sizes), request.replica_num or 1, host)
-        response = wire.put_start_reply_to_pb(reply)
+        response = convert.put_start_reply_to_pb(reply)
         self._shown((r.status for r in response.results), who, response.segments)
         return response
 
     def PutEnd(self, request: pb.PutEndRequest, who: Principal) -> pb.PutEndResponse:
-        written = [wire.put_written_from_pb(w) for w in request.written]
+        written = [convert.put_written_from_pb(w) for w in request.written]
         keys = self._keys(request.keys, who)
         reply = self._writes.put_end(
             keys, list(request.checksums), written, list(request.failed_segments), unchecked_ok=who.trust_shm
         )
-        response = wire.put_end_reply_to_pb(reply)
+        response = convert.put_end_reply_to_pb(reply)
         self._shown(response.results, who)
         return response
 
@@ -200,7 +202,7 @@ class MetaHandlers:
         """A region is a LOCAL grant: a tenant not trusted with shm is offered none (no host)."""
         host = self._host(request.client_host, who)
         reserved = self._writes.regions.reserve(self._holder(request.client_id, who), host, request.bytes, who.tenant)
-        return wire.reserved_to_pb(reserved)
+        return convert.reserved_to_pb(reserved)
 
     def PutCommit(self, request: pb.PutCommitRequest, who: Principal) -> pb.PutCommitResponse:
         results = self._writes.regions.put_commit(
@@ -212,13 +214,13 @@ class MetaHandlers:
             list(request.checksums),
             list(request.released),
         )
-        response = pb.PutCommitResponse(results=wire.key_results_to_pb(results))
+        response = pb.PutCommitResponse(results=convert.key_results_to_pb(results))
         self._shown(response.results, who)
         return response
 
     def PutRevoke(self, request: pb.PutRevokeRequest, who: Principal) -> pb.PutRevokeResponse:
         results = self._writes.put_revoke(self._keys(request.keys, who), list(request.failed_segments))
-        response = pb.PutRevokeResponse(results=wire.key_results_to_pb(results))
+        response = pb.PutRevokeResponse(results=convert.key_results_to_pb(results))
         self._shown(response.results, who)
         return response
 
@@ -231,7 +233,7 @@ class MetaHandlers:
             list(request.failed_segments),
             self._keys(request.touched, who),
         )
-        response = wire.get_reply_to_pb(reply)
+        response = convert.get_reply_to_pb(reply)
         self._shown((r.status for r in response.results), who, response.segments)
         return response
 
@@ -245,32 +247,34 @@ class MetaHandlers:
         keys = self._keys(request.keys, who)
         holder = self._holder(request.client_id, who)
         results = self._writes.remove(keys, request.force, list(request.released), holder)
-        response = pb.RemoveResponse(results=wire.key_results_to_pb(results))
+        response = pb.RemoveResponse(results=convert.key_results_to_pb(results))
         self._shown(response.results, who)
         return response
 
     def Pin(self, request: pb.PinRequest, who: Principal) -> pb.PinResponse:
         results = self._writes.pin(self._keys(request.keys, who), request.ttl_ms / 1000)
-        response = pb.PinResponse(results=wire.key_results_to_pb(results))
+        response = pb.PinResponse(results=convert.key_results_to_pb(results))
         self._shown(response.results, who)
         return response
 
     def Unpin(self, request: pb.UnpinRequest, who: Principal) -> pb.UnpinResponse:
-        response = pb.UnpinResponse(results=wire.key_results_to_pb(self._writes.unpin(self._keys(request.keys, who))))
+        response = pb.UnpinResponse(
+            results=convert.key_results_to_pb(self._writes.unpin(self._keys(request.keys, who)))
+        )
         self._shown(response.results, who)
         return response
 
     def ClaimMoves(self, request: pb.ClaimMovesRequest, who: Principal) -> pb.ClaimMovesResponse:
         tasks = self._writes.claim_moves(request.daemon_id, request.max_bytes)
-        return pb.ClaimMovesResponse(tasks=[wire.move_to_pb(t) for t in tasks])
+        return pb.ClaimMovesResponse(tasks=[convert.move_to_pb(t) for t in tasks])
 
     def CompleteMoves(self, request: pb.CompleteMovesRequest, who: Principal) -> pb.CompleteMovesResponse:
-        self._writes.complete_moves(request.daemon_id, wire.move_outcomes_from_pb(request.results))
+        self._writes.complete_moves(request.daemon_id, convert.move_outcomes_from_pb(request.results))
         return pb.CompleteMovesResponse()
 
     def AnnounceBlocks(self, request: pb.AnnounceBlocksRequest, who: Principal) -> pb.AnnounceBlocksResponse:
-        results = self._writes.announce(request.segment_id, wire.blocks_from_pb(request.blocks))
-        return pb.AnnounceBlocksResponse(results=wire.key_results_to_pb(results))
+        results = self._writes.announce(request.segment_id, convert.blocks_from_pb(request.blocks))
+        return pb.AnnounceBlocksResponse(results=convert.key_results_to_pb(results))
 
     def Stats(self, request: pb.StatsRequest, who: Principal) -> pb.StatsResponse:
         standing = self.stores.standing()
@@ -278,12 +282,12 @@ class MetaHandlers:
         if store is None or who.unchecked is not None:  # a tenant token no registry here checked
             response = pb.StatsResponse()
         elif who.admin or who.daemon:
-            response = wire.stats_to_pb(store.stats())
+            response = convert.stats_to_pb(store.stats())
         else:  # a tenant sees its own keys only
             tenant = store.tenants.by_id(who.tenant)
             if tenant is None:
                 raise InvalidArgument(f"tenant {who.name!r} is gone")
-            response = wire.stats_to_pb(store.tenant_call(lambda st, now: tenancy.stats_of(st, tenant)))
+            response = convert.stats_to_pb(store.tenant_call(lambda st, now: tenancy.stats_of(st, tenant)))
         response.role, response.epoch, response.leader = standing.role, standing.epoch, standing.leader
         response.shard, response.shards = self.shard.index, self.shard.count
         response.standbys.extend(standing.standbys)
@@ -318,12 +322,12 @@ class MetaHandlers:
     # -- tenants (the admin's) -------------------------------------------------------------------
 
     def TenantAdd(self, request: pb.TenantAddRequest, who: Principal) -> pb.TenantAddResponse:
-        spec = tenancy.spec(wire_tenants.tenant_from_pb(request.tenant))
+        spec = tenancy.spec(tenant_info.tenant_from_pb(request.tenant))
 
         def add(st: Any, now: float) -> Any:
             return tenancy.info(st, st.tenants.add(spec, request.update, request.keep_id))
 
-        return pb.TenantAddResponse(tenant=wire_tenants.tenant_to_pb(self._writes.tenant_call(add, changes=True)))
+        return pb.TenantAddResponse(tenant=tenant_info.tenant_to_pb(self._writes.tenant_call(add, changes=True)))
 
     def TenantToken(self, request: pb.TenantTokenRequest, who: Principal) -> pb.TenantTokenResponse:
         ttl_s = request.ttl_ms / 1000
@@ -338,4 +342,4 @@ class MetaHandlers:
 
     def TenantList(self, request: pb.TenantListRequest, who: Principal) -> pb.TenantListResponse:
         infos = self._reads.tenant_call(lambda st, now: [tenancy.info(st, t) for t in st.tenants.all()])
-        return pb.TenantListResponse(tenants=[wire_tenants.tenant_to_pb(i) for i in infos])
+        return pb.TenantListResponse(tenants=[tenant_info.tenant_to_pb(i) for i in infos])

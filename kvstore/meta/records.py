@@ -10,10 +10,10 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from kvstore import wire
 from kvstore.errors import InvalidArgument
 from kvstore.types import SegmentInfo
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire import convert
 
 _OBJECT = struct.Struct("<QQB")  # size, checksum, replicas wanted; then one <Q per replica
 _LOCATION = struct.Struct("<Q")
@@ -55,14 +55,14 @@ def decode_object(data: bytes) -> ObjectRecord:
 
 
 def encode_segment(record: SegmentRecord) -> bytes:
-    return _SEGMENT.pack(record.number) + wire.segment_to_pb(record.info).SerializeToString()
+    return _SEGMENT.pack(record.number) + convert.segment_to_pb(record.info).SerializeToString()
 
 
 def decode_segment(data: bytes) -> SegmentRecord:
     if len(data) < _SEGMENT.size:
         raise InvalidArgument(f"a segment record of {len(data)} bytes is not of this schema")
     (number,) = _SEGMENT.unpack_from(data)
-    return SegmentRecord(number, wire.segment_from_pb(pb.Segment.FromString(data[_SEGMENT.size :])))
+    return SegmentRecord(number, convert.segment_from_pb(pb.Segment.FromString(data[_SEGMENT.size :])))
 
 
 def encode_pin(until: float) -> bytes:

@@ -14,7 +14,7 @@ import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvstore import fastrpc, tokens, wire
+from kvstore import tokens
 from kvstore.admin import AdminLimits, AdminServer, Response
 from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
@@ -32,6 +32,7 @@ from kvstore.meta.store import MetaStore
 from kvstore.shards import ShardSpec
 from kvstore.stats import StoreStats
 from kvstore.tls import TlsFiles, grpc_server_credentials, server_context
+from kvstore.wire import convert, frames
 
 if TYPE_CHECKING:
     from kvstore.metrics.history import History
@@ -85,7 +86,9 @@ def grpc_handler(handlers: MetaHandlers, auth: Authenticator) -> grpc.GenericRpc
             try:
                 return handler(request, auth.principal(_bearer(context)))
             except KVStoreError as exc:
-                context.set_trailing_metadata(((wire.ERROR_DETAIL_KEY, wire.error_to_pb(exc).SerializeToString()),))
+                context.set_trailing_metadata(
+                    ((convert.ERROR_DETAIL_KEY, convert.error_to_pb(exc).SerializeToString()),)
+                )
                 context.abort(to_grpc_status(exc), str(exc))
             except Exception as exc:
                 log.exception("internal error in %s", name)
@@ -97,7 +100,7 @@ def grpc_handler(handlers: MetaHandlers, auth: Authenticator) -> grpc.GenericRpc
         m.name: grpc.unary_unary_rpc_method_handler(
             rpc(m.name), request_deserializer=_decoder(m.request), response_serializer=m.response.SerializeToString
         )
-        for m in fastrpc.METHODS.values()
+        for m in frames.METHODS.values()
     }
     return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 

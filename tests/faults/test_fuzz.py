@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvstore import fastrpc
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.metaclient import MetaClient
 from kvstore.transport import tcp_wire
+from kvstore.wire import frames as fastrpc
 from tests.cluster import ADMIN_TOKEN, Cluster
 
 COMMITTED = {f"keep/{i}": bytes([i]) * (4096 + i) for i in range(10)}

@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from kvstore import fastrpc
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import InvalidArgument
 from kvstore.metaclient import MetaClient
 from kvstore.transport import tcp_wire
 from kvstore.types import MAX_BATCH_KEYS
+from kvstore.wire import frames as fastrpc
 from tests.cluster import ADMIN_TOKEN, wait_until
 from tests.faults.conftest import rss_kib
 

@@ -6,13 +6,13 @@ import struct
 import grpc
 import pytest
 
-from kvstore import wire
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import InvalidArgument, KeyBusy, KeyNotFound, NoSpace, PermissionDenied, TransportError
 from kvstore.types import Grant, GrantMode
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
+from kvstore.wire import convert
 from tests.cluster import authed_channel
 
 COMMITTED = {f"keep/{i}": bytes([i]) * (1000 + i) for i in range(20)}
@@ -168,8 +168,8 @@ def test_stale_grant_is_refused(client, served, transport):
     from kvstore.transport import registry
 
     resp = raw_stub(served).Get(pb.GetRequest(keys=["keep/3"]))
-    g = wire.grant_from_pb(resp.results[0].replicas[0])
-    seg = wire.segments_by_id(resp.segments)[g.segment_id]
+    g = convert.grant_from_pb(resp.results[0].replicas[0])
+    seg = convert.segments_by_id(resp.segments)[g.segment_id]
     expired = Grant(g.segment_id, g.offset, g.length, g.mode, 1, g.mac)   # MAC no longer matches either
     t = registry.client_class(transport)()
     try:

@@ -13,7 +13,6 @@ import time
 import grpc
 import pytest
 
-from kvstore import fastrpc
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode, PermissionDenied, Unauthenticated
@@ -21,14 +20,15 @@ from kvstore.metaclient import MetaClient
 from kvstore.results import TenantInfo
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
+from kvstore.wire import frames
 from tests.cluster import ADMIN_TOKEN, Cluster, authed_channel, wait_until
 
 
 def hello(port: int, token: str) -> tuple[int, bytes, bool]:
     """A raw HELLO on the fast lane: (status, payload, whether the service then closed)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(fastrpc.hello_frame("tests", token))
-        (_, status), body = fastrpc.recv_frame(sock, fastrpc.RESPONSE)
+        sock.sendall(frames.hello_frame("tests", token))
+        (_, status), body = frames.recv_frame(sock, frames.RESPONSE)
         sock.settimeout(5)
         try:
             closed = sock.recv(1) == b""
@@ -73,7 +73,7 @@ def test_the_fast_lane_closes_a_connection_whose_hello_has_a_bad_token(tenants):
         too_long = len(token) > 4000  # over the HELLO frame's size: refused before it is read
         assert status == (ErrorCode.INVALID_ARGUMENT if too_long else ErrorCode.UNAUTHENTICATED) and closed, token
     status, _, closed = hello(port, made["a"])
-    assert status == fastrpc.OK and not closed
+    assert status == frames.OK and not closed
 
 
 def test_a_revoked_token_is_refused_at_once_even_on_an_open_fast_lane_connection(tenants):

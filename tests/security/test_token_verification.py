@@ -14,7 +14,6 @@ from typing import Any
 import grpc
 import pytest
 
-from kvstore import fastrpc
 from kvstore.errors import ErrorCode, NotLeader, PermissionDenied, Unauthenticated, Unavailable
 from kvstore.meta.auth import Authenticator
 from kvstore.meta.tenants import Tenant, TenantRegistry
@@ -22,6 +21,7 @@ from kvstore.metaclient import MetaClient
 from kvstore.results import TenantInfo
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
+from kvstore.wire import frames
 from tests.cluster import Cluster, Proc, authed_channel, wait_until
 from tests.redis_server import RedisServer
 
@@ -51,23 +51,23 @@ class Lane:
         with MetaClient(address, fast_lane=False) as meta:
             port = meta.service_info().fast_lane_port
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.sock.sendall(fastrpc.hello_frame("tests", token))
+        self.sock.sendall(frames.hello_frame("tests", token))
         status, body = self._read()
-        assert status == fastrpc.OK, pb.ErrorDetail.FromString(body)
+        assert status == frames.OK, pb.ErrorDetail.FromString(body)
 
     def _read(self) -> tuple[int, bytes]:
         try:
-            (_, status), body = fastrpc.recv_frame(self.sock, fastrpc.RESPONSE)
+            (_, status), body = frames.recv_frame(self.sock, frames.RESPONSE)
         except (EOFError, OSError):
             return -1, b""  # the service closed the connection
         return status, body
 
     def call(self, name: str, request: Any) -> tuple[int, bytes]:
-        """(status, payload): fastrpc.OK and the response, an ErrorCode and its ErrorDetail, or -1
+        """(status, payload): frames.OK and the response, an ErrorCode and its ErrorDetail, or -1
         if the connection is closed."""
-        _, header, payload = fastrpc.encode_request(name, request)
+        _, header, payload = frames.encode_request(name, request)
         try:
-            fastrpc.send_frame(self.sock, header, payload)
+            frames.send_frame(self.sock, header, payload)
         except OSError:
             return -1, b""
         return self._read()
@@ -140,16 +140,16 @@ def test_a_made_up_token_let_in_by_a_standby_gains_nothing_once_the_standby_lead
     forged = {name: Lane(standby, MADE_UP) for name in DATA_CALLS}
     for name, request in DATA_CALLS.items():
         assert forged[name].call(name, request)[0] == ErrorCode.NOT_LEADER  # and the lane stays open
-    assert forged["ListKeys"].call("ServiceInfo", pb.ServiceInfoRequest())[0] == fastrpc.OK
+    assert forged["ListKeys"].call("ServiceInfo", pb.ServiceInfoRequest())[0] == frames.OK
 
     old.kill()  # the standby takes the lease and loads the records, tenants included
-    assert answered(real, "ListKeys", pb.ListKeysRequest()) == fastrpc.OK  # re-verified: a real tenant
+    assert answered(real, "ListKeys", pb.ListKeysRequest()) == frames.OK  # re-verified: a real tenant
     wait_until(lambda: writes_open(standby), what="the new leader to open for writes")
     for name, request in DATA_CALLS.items():
         status, body = forged[name].call(name, request)
         assert status == ErrorCode.UNAUTHENTICATED, (name, status, body)
         assert forged[name].closed(), name
-    assert real.call("Exists", pb.ExistsRequest(keys=["k"]))[0] == fastrpc.OK
+    assert real.call("Exists", pb.ExistsRequest(keys=["k"]))[0] == frames.OK
 
 
 def test_a_made_up_token_let_in_while_redis_was_away_gains_nothing_once_the_store_is_rebuilt(cluster, redis):
@@ -159,7 +159,7 @@ def test_a_made_up_token_let_in_while_redis_was_away_gains_nothing_once_the_stor
         admin.tenant_add(TenantInfo("real"))
         _, real_token = admin.tenant_token("real")
     real = Lane(address, real_token)
-    assert real.call("ListKeys", pb.ListKeysRequest())[0] == fastrpc.OK
+    assert real.call("ListKeys", pb.ListKeysRequest())[0] == frames.OK
 
     redis.kill()  # the lease runs out unrenewed: the service drops its store and stands by
     wait_until(lambda: role(address) != "leader", what="the service to step down without Redis")
@@ -168,7 +168,7 @@ def test_a_made_up_token_let_in_while_redis_was_away_gains_nothing_once_the_stor
     assert real.call("ListKeys", pb.ListKeysRequest())[0] in REFUSED_AS_STANDBY
 
     redis.start()  # it leads again, with a store built afresh from the records
-    assert answered(real, "ListKeys", pb.ListKeysRequest()) == fastrpc.OK
+    assert answered(real, "ListKeys", pb.ListKeysRequest()) == frames.OK
     assert forged.call("ListKeys", pb.ListKeysRequest())[0] == ErrorCode.UNAUTHENTICATED
     assert forged.closed()
 
@@ -244,23 +244,23 @@ def test_a_demoted_tenant_loses_its_rights_on_connections_already_open(served, l
 
             def call(method: str, request: Any) -> tuple[int, Any]:
                 status, body = conn.call(method, request)
-                reply = fastrpc.METHODS[fastrpc.METHOD_IDS[method]].response
-                return status, (reply.FromString(body) if status == fastrpc.OK else body)
+                reply = frames.METHODS[frames.METHOD_IDS[method]].response
+                return status, (reply.FromString(body) if status == frames.OK else body)
         else:
             stub = pb_grpc.MetaServiceStub(authed_channel(served, token))  # one channel, kept open
 
             def call(method: str, request: Any) -> tuple[int, Any]:
                 try:
-                    return fastrpc.OK, getattr(stub, method)(request, timeout=10)
+                    return frames.OK, getattr(stub, method)(request, timeout=10)
                 except grpc.RpcError as exc:
                     return int(ErrorCode[exc.code().name]), exc.details()
 
         def put_start(key: str) -> pb.PutStartResponse:
             status, reply = call("PutStart", pb.PutStartRequest(keys=[key], sizes=[4096], client_host="here"))
-            assert status == fastrpc.OK, reply
+            assert status == frames.OK, reply
             return reply
 
-        assert call("TenantList", pb.TenantListRequest())[0] == fastrpc.OK  # an admin tenant
+        assert call("TenantList", pb.TenantListRequest())[0] == frames.OK  # an admin tenant
         assert _offers_shm(put_start("trusted"))
 
         admin.tenant_add(TenantInfo(name, trust_shm=False, admin=False), update=True)

@@ -1,7 +1,7 @@
 """The fast lane's method ids are pinned: a new RPC takes a new id, none is ever renumbered."""
 
-from kvstore import fastrpc
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire import frames
 
 # The ids as released. Append new RPCs here with new ids; never change or reuse a line.
 RELEASED = {
@@ -15,16 +15,16 @@ RELEASED = {
 
 def test_released_ids_never_change():
     for name, method_id in RELEASED.items():
-        assert fastrpc.METHOD_IDS.get(name) == method_id, f"{name} was renumbered"
+        assert frames.METHOD_IDS.get(name) == method_id, f"{name} was renumbered"
 
 
 def test_every_rpc_has_a_unique_id_and_none_is_the_hello():
     service = pb.DESCRIPTOR.services_by_name["MetaService"]
-    assert {m.name for m in service.methods} == set(fastrpc.METHOD_IDS)
-    ids = list(fastrpc.METHOD_IDS.values())
-    assert len(set(ids)) == len(ids) and fastrpc.HELLO not in ids
+    assert {m.name for m in service.methods} == set(frames.METHOD_IDS)
+    ids = list(frames.METHOD_IDS.values())
+    assert len(set(ids)) == len(ids) and frames.HELLO not in ids
 
 
 def test_methods_carry_the_service_messages():
-    get = fastrpc.BY_NAME["Get"]
+    get = frames.BY_NAME["Get"]
     assert (get.id, get.request, get.response) == (7, pb.GetRequest, pb.GetResponse)

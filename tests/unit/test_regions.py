@@ -4,7 +4,6 @@ what is not committed goes back on release or expiry, and only the writer commit
 
 import pytest
 
-from kvstore import wire
 from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
@@ -17,6 +16,7 @@ from kvstore.meta.tenants import scoped
 from kvstore.results import TenantInfo
 from kvstore.types import GrantMode, Tier
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire import convert
 from tests.meta_helpers import HOST, SIGNER, segment
 
 SEG = 1 << 20
@@ -133,7 +133,7 @@ def test_an_unmounted_segment_takes_its_regions_with_it(store):
 
 
 def _tenant(h, name, **settings):
-    from kvstore.wire_tenants import tenant_to_pb
+    from kvstore.wire.tenant_info import tenant_to_pb
 
     h.handler("TenantAdd")(pb.TenantAddRequest(tenant=tenant_to_pb(TenantInfo(name, **settings))), OPERATOR)
     t = h.stores.current().tenants.get(name)
@@ -142,7 +142,7 @@ def _tenant(h, name, **settings):
 
 def _reserve(h, who, client_id="w1", size=64 << 10):
     request = pb.ReserveRequest(client_id=client_id, client_host=HOST, bytes=size)
-    return wire.reserved_from_pb(h.handler("Reserve")(request, who))
+    return convert.reserved_from_pb(h.handler("Reserve")(request, who))
 
 
 def _commit(h, who, region, keys, client_id="w1"):

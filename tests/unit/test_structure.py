@@ -19,7 +19,7 @@ ROOTS = {"kvstore": "kvstore"}
 LAYERS = [
     ("core", ("kvstore", "kvstore.types", "kvstore.errors", "kvstore.clock", "kvstore.config", "kvstore.connlimit",
               "kvstore.checksum", "kvstore.results", "kvstore.stats", "kvstore.grant", "kvstore.hostid",
-              "kvstore.logs", "kvstore.v1", "kvstore.wire", "kvstore.fastrpc", "kvstore.configflags",
+              "kvstore.logs", "kvstore.v1", "kvstore.wire", "kvstore.configflags",
               "kvstore.jsonlog", "kvstore.metrics.observe", "kvstore.blockhash")),
     # kvstore.events and kvstore.indexer: KV events' wire, publisher, subscriber and the tables fed by
     # them (sockets and codecs, like a transport); their service side (the store's sink, the admin

@@ -4,7 +4,7 @@ accounting behind them (check_invariants recounts it from the index after every 
 
 import pytest
 
-from kvstore import tokens, wire
+from kvstore import tokens
 from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import (
@@ -22,6 +22,7 @@ from kvstore.meta.tenants import Tenant, TenantRegistry, namespace, scoped, tena
 from kvstore.results import TenantInfo
 from kvstore.types import Tier
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire import convert
 from tests.meta_helpers import HOST, SIGNER, receipts, segment
 
 KIB = 1024
@@ -51,7 +52,7 @@ def add(h, name, **settings):
 
 
 def _pb(info):
-    from kvstore.wire_tenants import tenant_to_pb
+    from kvstore.wire.tenant_info import tenant_to_pb
 
     return tenant_to_pb(info)
 
@@ -63,10 +64,10 @@ def principal(h, name):
 
 def put(h, who, keys, size=KIB, host=""):
     started = call(h, "PutStart", who, keys=keys, sizes=[size] * len(keys), replica_num=1, client_host=host)
-    reply = wire.put_start_reply_from_pb(started)
+    reply = convert.put_start_reply_from_pb(started)
     ok = [(k, r) for k, r in zip(keys, reply.results) if r.code is ErrorCode.OK]
     if ok:
-        written = [wire.put_written_to_pb(receipts(r)) for _, r in ok]
+        written = [convert.put_written_to_pb(receipts(r)) for _, r in ok]
         call(h, "PutEnd", who, keys=[k for k, _ in ok], checksums=[7] * len(ok), written=written)
     return [r.code for r in reply.results], started
 

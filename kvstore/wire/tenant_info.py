@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from kvstore.results import TenantInfo
 from kvstore.types import Tier
 from kvstore.v1 import meta_pb2 as pb
-from kvstore.wire import tier_from_pb, tier_to_pb
+from kvstore.wire.convert import tier_from_pb, tier_to_pb
 
 
 def _bytes_to_pb(table: Mapping[Tier, int]) -> list[pb.TierBytes]:

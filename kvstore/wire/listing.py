@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.results import KeyInfo, KeyListing, KeyState, ReplicaInfo
 from kvstore.v1 import meta_pb2 as pb
-from kvstore.wire import code_from_pb, status_to_pb, tier_from_pb, tier_to_pb
+from kvstore.wire.convert import code_from_pb, status_to_pb, tier_from_pb, tier_to_pb
 
 _STATE_TO_PB = {KeyState.PENDING: pb.KEY_PENDING, KeyState.COMPLETE: pb.KEY_COMPLETE}
 _STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
