@@ -18,7 +18,7 @@ from kvstore.daemonlink import ShardLink
 from kvstore.errors import Unavailable
 from kvstore.grant import GrantSigner
 from kvstore.hostid import host_id, pid_alive
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.metrics.observe import METRICS_ENDPOINT, NO_TRANSFERS
 from kvstore.storage.base import Persistent, SegmentStorage
 from kvstore.storage.dram import DramSegment

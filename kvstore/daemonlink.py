@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from kvstore.errors import KVStoreError, Unavailable
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.mover import TierMover
 from kvstore.results import Block
 from kvstore.storage.base import Persistent, SegmentStorage

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from kvstore.checksum import checksum
 from kvstore.errors import KVStoreError, TransportError, Unavailable
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import Block, MoveOutcome
 from kvstore.storage.base import Persistent, SegmentStorage, copy_between
 from kvstore.transport import registry

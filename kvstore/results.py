@@ -1,5 +1,5 @@
 """What metadata calls return, as plain values: built by the metadata service, carried by the
-wire format (kvstore.wire.convert), and returned to its callers (kvstore.metaclient) unchanged."""
+wire format (kvstore.wire.convert), and returned to its callers (kvstore.metaclient.client) unchanged."""
 
 from __future__ import annotations
 

@@ -80,8 +80,8 @@ def add_command(name: str, sp: argparse.ArgumentParser) -> None:
 
 
 def cmd_tenant(args: argparse.Namespace) -> int:
-    from kvstore.metaclient import MetaClient
-    from kvstore.shardclient import client_for
+    from kvstore.metaclient.client import MetaClient
+    from kvstore.metaclient.sharded import client_for
     from kvstore.tls import TlsFiles
 
     cfg: ClientConfig = args.flags.load(ClientConfig, args)

@@ -23,9 +23,9 @@ from kvstore.client.writer import Writer
 from kvstore.clock import Clock, SystemClock
 from kvstore.config import ClientConfig
 from kvstore.errors import InvalidArgument, KVStoreError
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
+from kvstore.metaclient.sharded import ShardedMetaClient, client_for
 from kvstore.results import KeyInfo, KeyListing
-from kvstore.shardclient import ShardedMetaClient, client_for
 from kvstore.stats import StoreStats
 from kvstore.tls import TlsFiles
 from kvstore.transport.base import Transport

@@ -27,8 +27,8 @@ from kvstore.client.transports import Transports
 from kvstore.clock import now_ms
 from kvstore.config import ClientConfig
 from kvstore.errors import ChecksumMismatch, ErrorCode, InvalidArgument, KVStoreError, PermissionDenied, TransportError
+from kvstore.metaclient.sharded import ShardedMetaClient
 from kvstore.results import GetResult
-from kvstore.shardclient import ShardedMetaClient
 from kvstore.transport.base import Transfer
 from kvstore.types import Grant, SegmentInfo
 

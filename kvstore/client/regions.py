@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from kvstore.clock import Clock, now_ms
 from kvstore.errors import ErrorCode, KVStoreError
 from kvstore.grant import local_piece
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.types import Grant, SegmentInfo
 
 REGION_MIN = 256 << 10

@@ -22,8 +22,8 @@ from kvstore.client.regions import Piece, RegionPool
 from kvstore.client.transports import Transports
 from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode, KVStoreError, TransportError, Unavailable
+from kvstore.metaclient.sharded import ShardedMetaClient
 from kvstore.results import PutStartResult, PutWritten
-from kvstore.shardclient import ShardedMetaClient
 from kvstore.transport.base import Transfer
 from kvstore.types import Grant, SegmentInfo
 

@@ -27,7 +27,7 @@ from kvstore.meta.journal import GroupCommit
 from kvstore.meta.leader import Leadership, Role
 from kvstore.meta.redisdb import RedisRecords, check_schema
 from kvstore.meta.store import MetaStore
-from kvstore.rediskeys import Keys, connect
+from kvstore.metaclient.rediskeys import Keys, connect
 from kvstore.shards import ShardSpec
 
 log = logging.getLogger(__name__)

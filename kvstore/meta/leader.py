@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from kvstore.rediskeys import Keys
+from kvstore.metaclient.rediskeys import Keys
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from kvstore.errors import InvalidArgument, Unavailable
 from kvstore.meta.holds import HoldRecord, decode_hold
 from kvstore.meta.journal import Changes
 from kvstore.meta.records import ObjectRecord, SegmentRecord, Unreadable, decode_object, decode_pin, decode_segment
-from kvstore.rediskeys import Keys, connect
+from kvstore.metaclient.rediskeys import Keys, connect
 
 __all__ = ["SCHEMA", "Keys", "RedisRecords", "check_schema", "connect"]
 log = logging.getLogger(__name__)

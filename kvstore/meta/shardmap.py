@@ -21,7 +21,7 @@ from typing import Any
 from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import InvalidArgument, Unavailable
-from kvstore.rediskeys import Keys
+from kvstore.metaclient.rediskeys import Keys
 from kvstore.shards import ShardMap, ShardSpec
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.transport import tcp_wire
 from kvstore.wire import frames as fastrpc
 from tests.cluster import ADMIN_TOKEN, Cluster

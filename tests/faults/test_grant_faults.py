@@ -12,7 +12,7 @@ from kvstore.checksum import checksum
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode, PermissionDenied, TransportError
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import PutWritten
 from kvstore.transport.base import Transfer
 from kvstore.transport.tcp_client import TcpTransport

@@ -16,7 +16,7 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import InvalidArgument
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.transport import tcp_wire
 from kvstore.types import MAX_BATCH_KEYS
 from kvstore.wire import frames as fastrpc

@@ -13,8 +13,8 @@ import pytest
 from kvstore.errors import KVStoreError
 from kvstore.meta.journal import Changes
 from kvstore.meta.redisdb import RedisRecords
-from kvstore.metaclient import MetaClient
-from kvstore.rediskeys import Keys, connect
+from kvstore.metaclient.client import MetaClient
+from kvstore.metaclient.rediskeys import Keys, connect
 from tests.cluster import Cluster, wait_until
 from tests.ha.conftest import meta_on
 from tests.redis_server import RedisServer

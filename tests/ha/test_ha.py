@@ -16,8 +16,8 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import KVStoreError, NotLeader, Unavailable
-from kvstore.metachannel import MetaChannel
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.channel import MetaChannel
+from kvstore.metaclient.client import MetaClient
 from kvstore.v1 import meta_pb2 as pb
 from tests.cluster import ADMIN_TOKEN, spawn, wait_until
 from tests.ha.conftest import FAST, meta_on

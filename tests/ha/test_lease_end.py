@@ -19,7 +19,7 @@ from kvstore.grant import GrantSigner
 from kvstore.meta.ha import Replicated
 from kvstore.meta.leader import Role
 from kvstore.meta.store import MetaStore
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from tests.cluster import SECRET, Cluster, wait_until
 from tests.ha.conftest import FAST, meta_on
 from tests.redis_server import RedisServer

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.client import KVClient
-from kvstore.rediskeys import Keys
+from kvstore.metaclient.rediskeys import Keys
 from tests.cluster import Cluster, wait_until
 from tests.ha.conftest import FAST, meta_on
 from tests.ha.test_ha import PutStream, value, writes_open

@@ -16,7 +16,7 @@ from kvstore.config import MetaConfig
 from kvstore.meta.ha import Replicated
 from kvstore.meta.recovery import Restored
 from kvstore.meta.store import MetaStore
-from kvstore.rediskeys import Keys
+from kvstore.metaclient.rediskeys import Keys
 from kvstore.types import Tier
 from tests.cluster import wait_until
 from tests.meta_helpers import SIGNER, commit, segment

@@ -8,7 +8,7 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode, InvalidArgument, KeyNotFound
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.wire import frames as fastrpc
 from tests.cluster import ADMIN_TOKEN, Cluster, wait_until

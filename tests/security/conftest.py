@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
 from tests.cluster import Cluster
 

@@ -16,7 +16,7 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode, PermissionDenied, Unauthenticated
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc

@@ -11,7 +11,7 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.engines.launch import Fleet
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
 
 pytestmark = pytest.mark.slow

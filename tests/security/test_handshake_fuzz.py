@@ -14,7 +14,7 @@ from kvstore import __version__
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.wire import frames as fastrpc
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
 from tests.cluster import ADMIN_TOKEN, wait_until
 

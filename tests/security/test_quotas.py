@@ -9,7 +9,7 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import NoSpace, QuotaExceeded
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
 from kvstore.types import Tier
 from tests.cluster import Cluster

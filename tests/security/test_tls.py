@@ -13,7 +13,7 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import TransportError, Unavailable
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.tls import TlsFiles
 from tests.cluster import Cluster
 

@@ -18,7 +18,7 @@ from kvstore.meta.handlers import MetaHandlers
 from kvstore.meta.leader import Leadership
 from kvstore.meta.shardmap import RedisShards, StaticShards
 from kvstore.meta.store import MetaStore
-from kvstore.rediskeys import Keys
+from kvstore.metaclient.rediskeys import Keys
 from kvstore.shards import ShardSpec, shard_of
 from kvstore.v1 import meta_pb2 as pb
 from tests.meta_helpers import SIGNER

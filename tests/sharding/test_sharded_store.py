@@ -12,9 +12,9 @@ from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import KeyNotFound, Unauthenticated, Unavailable, WrongShard
 from kvstore.meta.shardmap import RedisShards
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
+from kvstore.metaclient.rediskeys import Keys
 from kvstore.results import TenantInfo
-from kvstore.rediskeys import Keys
 from kvstore.shards import ShardSpec, shard_of
 from kvstore.types import Tier
 from tests.cluster import Cluster, wait_until

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstore.errors import InvalidArgument, WrongShard
-from kvstore.shardmerge import concat, fan
+from kvstore.metaclient.merge import concat, fan
 from kvstore.shards import ShardSpec, hash_tag, shard_of, split
 
 

@@ -17,18 +17,51 @@ GENERATED = ("kvstore/v1/",)
 ROOTS = {"kvstore": "kvstore"}
 # Layers, lowest first: a module may import its own layer and those below, never above.
 LAYERS = [
-    ("core", ("kvstore", "kvstore.types", "kvstore.errors", "kvstore.clock", "kvstore.config", "kvstore.connlimit",
-              "kvstore.checksum", "kvstore.results", "kvstore.stats", "kvstore.grant", "kvstore.hostid",
-              "kvstore.logs", "kvstore.v1", "kvstore.wire", "kvstore.configflags",
-              "kvstore.jsonlog", "kvstore.metrics.observe", "kvstore.blockhash")),
+    (
+        "core",
+        (
+            "kvstore",
+            "kvstore.types",
+            "kvstore.errors",
+            "kvstore.clock",
+            "kvstore.config",
+            "kvstore.connlimit",
+            "kvstore.checksum",
+            "kvstore.results",
+            "kvstore.stats",
+            "kvstore.grant",
+            "kvstore.hostid",
+            "kvstore.logs",
+            "kvstore.v1",
+            "kvstore.wire",
+            "kvstore.configflags",
+            "kvstore.jsonlog",
+            "kvstore.metrics.observe",
+            "kvstore.blockhash",
+        ),
+    ),
     # kvstore.events and kvstore.indexer: KV events' wire, publisher, subscriber and the tables fed by
     # them (sockets and codecs, like a transport); their service side (the store's sink, the admin
     # routes) is in the layer above.
-    ("storage/transport", ("kvstore.storage", "kvstore.transport", "kvstore.metachannel", "kvstore.metaclient",
-                           "kvstore.shardclient", "kvstore.shardmerge", "kvstore.events", "kvstore.indexer")),
-    ("meta/daemon/client", ("kvstore.meta", "kvstore.daemon", "kvstore.daemonlink", "kvstore.mover", "kvstore.admin",
-                            "kvstore.client", "kvstore.metrics", "kvstore.dashboard", "kvstore.events.service",
-                            "kvstore.indexer.api")),
+    (
+        "storage/transport",
+        ("kvstore.storage", "kvstore.transport", "kvstore.metaclient", "kvstore.events", "kvstore.indexer"),
+    ),
+    (
+        "meta/daemon/client",
+        (
+            "kvstore.meta",
+            "kvstore.daemon",
+            "kvstore.daemonlink",
+            "kvstore.mover",
+            "kvstore.admin",
+            "kvstore.client",
+            "kvstore.metrics",
+            "kvstore.dashboard",
+            "kvstore.events.service",
+            "kvstore.indexer.api",
+        ),
+    ),
     ("engines", ("kvstore.engines",)),
     ("tools", ("kvstore.bench", "kvstore.compat", "kvstore.cli", "kvstore.__main__")),
 ]
@@ -37,9 +70,18 @@ LAYERS = [
 # kvstore.blockhash: the one block hash that engines' keys, the indexer and the router share; the
 # consumer side of KV events (subscriber, wire, the tables that re-hash vLLM's blocks), for the
 # router's prefix index. None of them reaches the service's internals.
-ENGINES_MAY_USE = ("kvstore.engines", "kvstore.client", "kvstore.config", "kvstore.errors", "kvstore.jsonlog",
-                   "kvstore.blockhash", "kvstore.events.subscriber", "kvstore.events.wire",
-                   "kvstore.indexer.engine_cache", "kvstore.indexer.store_events")
+ENGINES_MAY_USE = (
+    "kvstore.engines",
+    "kvstore.client",
+    "kvstore.config",
+    "kvstore.errors",
+    "kvstore.jsonlog",
+    "kvstore.blockhash",
+    "kvstore.events.subscriber",
+    "kvstore.events.wire",
+    "kvstore.indexer.engine_cache",
+    "kvstore.indexer.store_events",
+)
 
 
 def test_the_public_api_is_lazy_and_complete():
@@ -48,7 +90,7 @@ def test_the_public_api_is_lazy_and_complete():
         assert getattr(kvstore, name) is not None
     code = "import sys, kvstore; print(sorted(m for m in sys.modules if m.startswith(('kvstore.', 'grpc'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert out.stdout.strip() == "[]"   # `import kvstore` loads nothing else
+    assert out.stdout.strip() == "[]"  # `import kvstore` loads nothing else
 
 
 def python_files() -> list[tuple[str, Path]]:
@@ -64,8 +106,11 @@ def python_files() -> list[tuple[str, Path]]:
 
 def test_no_file_is_over_the_line_budget():
     files = [p for p in REPO.rglob("*.py") if not any(part in (".venv", ".git", "build") for part in p.parts)]
-    over = {str(p.relative_to(REPO)): n for p in files
-            if not str(p.relative_to(REPO)).startswith(GENERATED) and (n := len(p.read_text().splitlines())) > BUDGET}
+    over = {
+        str(p.relative_to(REPO)): n
+        for p in files
+        if not str(p.relative_to(REPO)).startswith(GENERATED) and (n := len(p.read_text().splitlines())) > BUDGET
+    }
     assert not over, f"over {BUDGET} lines (split them): {over}"
 
 
@@ -79,8 +124,10 @@ def module_imports(modules: set[str]) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                          for a in node.names}
+                found |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                }
         graph[name] = {m for m in found if m.startswith("kvstore")}
     return graph
 
@@ -105,7 +152,9 @@ def test_imports_point_one_way():
     for module, imports in module_imports(modules).items():
         for target in imports:
             if layer_of(target) > layer_of(module):
-                wrong.append(f"{module} -> {target} ({LAYERS[layer_of(target)][0]} is above {LAYERS[layer_of(module)][0]})")
+                wrong.append(
+                    f"{module} -> {target} ({LAYERS[layer_of(target)][0]} is above {LAYERS[layer_of(module)][0]})"
+                )
             if within(module, "kvstore.client") and within(target, "kvstore.meta", "kvstore.daemon", "kvstore.mover"):
                 wrong.append(f"{module} -> {target}: the client never imports the service's internals")
             if within(module, "kvstore.engines") and not within(target, *ENGINES_MAY_USE):
@@ -125,7 +174,7 @@ def test_no_import_cycles():
 
     def visit(node: str) -> None:
         if node in on_path:
-            cycles.append(on_path[on_path.index(node):] + [node])
+            cycles.append(on_path[on_path.index(node) :] + [node])
             return
         if node in seen:
             return

@@ -20,8 +20,8 @@ from typing import Any
 
 from kvstore import tokens
 from kvstore.errors import NotLeader, Unavailable, WrongShard
-from kvstore.metachannel import MetaChannel
-from kvstore.metatargets import Targets
+from kvstore.metaclient.channel import MetaChannel
+from kvstore.metaclient.targets import Targets
 from kvstore.results import (
     Block,
     GetReply,

@@ -86,7 +86,7 @@ class Targets:
     def _resolve(self) -> str | None:
         """The leader's address as the Redis lease says, or None."""
         try:
-            from kvstore.rediskeys import Keys, connect
+            from kvstore.metaclient.rediskeys import Keys, connect
 
             client = connect(self._redis_url)
             try:

@@ -1,5 +1,5 @@
 """How a sharded client fans a batch out to its shards and puts their answers together again
-(kvstore/shardclient.py): per-key results back in the caller's order, stats and tenants added."""
+(kvstore/metaclient/sharded.py): per-key results back in the caller's order, stats and tenants added."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from kvstore import shards
 from kvstore.errors import InvalidArgument, Unavailable, WrongShard
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import GetReply, GetResult, KeyListing, TenantInfo
 from kvstore.stats import StoreStats
 from kvstore.types import SegmentInfo, Tier

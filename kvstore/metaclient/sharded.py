@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from kvstore import shardmerge as sm
 from kvstore import shards
 from kvstore.errors import AlreadyExists, KeyNotFound, KVStoreError, PermissionDenied, Unavailable, WrongShard
-from kvstore.metaclient import MetaClient
+from kvstore.metaclient import merge as sm
+from kvstore.metaclient.client import MetaClient
 from kvstore.results import (
     GetReply,
     GetResult,
@@ -110,7 +110,7 @@ class ShardedMetaClient:
         begin: Callable[[list[MetaClient], int, list[int]], Callable[[], T]],
         merge: Callable[[int, Iterable[tuple[list[int], T]]], T],
     ) -> T:
-        """A batch split over the shards (shardmerge.fan); keys a shard says are not its own go
+        """A batch split over the shards (merge.fan); keys a shard says are not its own go
         once more over a fresh map, and only they."""
         return sm.fan(self.shard_clients(), keys, begin, merge, self._refresh)
 
