@@ -5,7 +5,7 @@ dicts the process-level tests give `kvstore meta` / `kvstore daemon`."""
 from __future__ import annotations
 
 from kvstore.config import DaemonConfig, MetaConfig, resolve_secret
-from kvstore.configload import load_config
+from kvstore.config.load import load_config
 from kvstore.daemon import StorageDaemon
 from kvstore.grant import GrantSigner
 from kvstore.meta.service import MetaServer

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.cli.exits import Exit
 from kvstore.config import DEFAULT_META_PORT, META_ENV, ClientConfig
-from kvstore.configflags import ConfigFlags
+from kvstore.config.flags import ConfigFlags
 from kvstore.errors import InvalidArgument
 from kvstore.metrics.observe import METRICS_ENDPOINT
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from kvstore.cli.exits import Exit
 from kvstore.config import META_ENV, ClientConfig
-from kvstore.configflags import ConfigFlags
+from kvstore.config.flags import ConfigFlags
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.results import KeyState
 

@@ -1,6 +1,6 @@
 """`kvstore serve`, `meta`, `daemon` and `clean`: the servers, and what they leave behind.
 
-Every setting is a flag made from its config field (kvstore.configflags), so flags given beat
+Every setting is a flag made from its config field (kvstore.config.flags), so flags given beat
 env, env beats the --config file, and the file beats the defaults.
 
 Each server says where it listens in one ready line, its observability ports appended when on:
@@ -23,7 +23,7 @@ from kvstore.cli.launch import start_daemon, start_meta
 from kvstore.cli.shardprocs import ShardProcesses, shard_config
 from kvstore.cli.stopping import StopSignals
 from kvstore.config import DaemonConfig, MetaConfig, random_secret
-from kvstore.configflags import ConfigFlags
+from kvstore.config.flags import ConfigFlags
 from kvstore.errors import InvalidArgument, KeyBusy
 from kvstore.meta.shardmap import StaticShards
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from kvstore.cli.exits import Exit, Parser, formatter
 from kvstore.config import DEFAULT_META_PORT, META_ENV, ClientConfig, parse_size
-from kvstore.configflags import ConfigFlags
+from kvstore.config.flags import ConfigFlags
 from kvstore.results import TenantInfo
 from kvstore.types import Tier
 

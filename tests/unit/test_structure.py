@@ -34,7 +34,6 @@ LAYERS = [
             "kvstore.logs",
             "kvstore.v1",
             "kvstore.wire",
-            "kvstore.configflags",
             "kvstore.jsonlog",
             "kvstore.metrics.observe",
             "kvstore.blockhash",

@@ -5,7 +5,7 @@ declaration alone.
 A flag's default is "not given" (argparse.SUPPRESS): only flags the user typed reach
 load_config, which puts them above env, the --config file and the defaults. The help of each flag
 shows the field's default and its env variable; its text is the comment on the field's line (or
-the comment lines just above it) in kvstore/config.py.
+the comment lines just above it) in kvstore/config/.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
-from kvstore.config import convert_value, env_name, field_types, load_config, section_of
+from kvstore.config.load import convert_value, env_name, field_types, load_config, section_of
 from kvstore.errors import InvalidArgument
 
 C = TypeVar("C")
