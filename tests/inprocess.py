@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvstore.config import DaemonConfig, MetaConfig, resolve_secret
 from kvstore.config.load import load_config
-from kvstore.daemon import StorageDaemon
+from kvstore.daemon.storage_daemon import StorageDaemon
 from kvstore.grant import GrantSigner
 from kvstore.meta.service import MetaServer
 from tests.cluster import SECRET

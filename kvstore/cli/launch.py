@@ -11,7 +11,7 @@ from kvstore.config import DaemonConfig, MetaConfig, resolve_secret
 from kvstore.errors import Unavailable
 
 if TYPE_CHECKING:
-    from kvstore.daemon import StorageDaemon
+    from kvstore.daemon.storage_daemon import StorageDaemon
     from kvstore.meta.service import MetaServer
 
 __all__ = ["in_use", "start_daemon", "start_meta"]
@@ -37,7 +37,7 @@ def start_meta(cfg: MetaConfig) -> MetaServer:
 
 
 def start_daemon(cfg: DaemonConfig) -> StorageDaemon:
-    from kvstore.daemon import StorageDaemon
+    from kvstore.daemon.storage_daemon import StorageDaemon
 
     try:
         return StorageDaemon(cfg).start()

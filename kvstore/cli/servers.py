@@ -28,7 +28,7 @@ from kvstore.errors import InvalidArgument, KeyBusy
 from kvstore.meta.shardmap import StaticShards
 
 if TYPE_CHECKING:
-    from kvstore.daemon import StorageDaemon
+    from kvstore.daemon.storage_daemon import StorageDaemon
     from kvstore.meta.service import MetaServer
 
 log = logging.getLogger("kvstore")
@@ -188,7 +188,7 @@ SSD_FILES = ("ssd-*.data", "ssd-*.id", "ssd-*.journal")
 def cmd_clean(args: argparse.Namespace) -> int:
     """Delete segment files of daemons that were killed (their pid is gone) and, with --ssd-dir,
     an SSD tier's files (stop its daemon first: its blocks are gone for good)."""
-    from kvstore.daemon import sweep_stale_segments
+    from kvstore.daemon.storage_daemon import sweep_stale_segments
 
     swept = sweep_stale_segments(args.shm_dir)
     print(f"removed {swept} segment files of stopped daemons from {args.shm_dir}")

@@ -142,7 +142,7 @@ def test_eviction_past_the_watermark_when_dram_is_full(cluster, gpu_env, device)
 
 
 def test_corrupt_gpu_bytes_are_detected(cluster, device):
-    from kvstore.daemon import StorageDaemon
+    from kvstore.daemon.storage_daemon import StorageDaemon
 
     _, address = cluster.meta(FAST)
     cfg = DaemonConfig(meta_address=address, secret=SECRET, dram_size=16 * MIB, segment_size=16 * MIB,

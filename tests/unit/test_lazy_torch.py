@@ -13,7 +13,7 @@ def test_host_buffers_never_import_torch(cluster):
     code = textwrap.dedent(f"""
         import sys
         import numpy as np
-        import kvstore.cli, kvstore.daemon, kvstore.meta.store, kvstore.storage.gpu, kvstore.bench.gpu
+        import kvstore.cli, kvstore.daemon.storage_daemon, kvstore.meta.store, kvstore.storage.gpu, kvstore.bench.gpu
         from kvstore.client import KVClient
         with KVClient({address!r}) as c:
             c.put_many(["a", "b"], [b"x" * 100, np.arange(1000, dtype=np.float32)])

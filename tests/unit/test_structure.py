@@ -51,8 +51,6 @@ LAYERS = [
         (
             "kvstore.meta",
             "kvstore.daemon",
-            "kvstore.daemonlink",
-            "kvstore.mover",
             "kvstore.admin",
             "kvstore.client",
             "kvstore.metrics",
@@ -154,7 +152,7 @@ def test_imports_point_one_way():
                 wrong.append(
                     f"{module} -> {target} ({LAYERS[layer_of(target)][0]} is above {LAYERS[layer_of(module)][0]})"
                 )
-            if within(module, "kvstore.client") and within(target, "kvstore.meta", "kvstore.daemon", "kvstore.mover"):
+            if within(module, "kvstore.client") and within(target, "kvstore.meta", "kvstore.daemon"):
                 wrong.append(f"{module} -> {target}: the client never imports the service's internals")
             if within(module, "kvstore.engines") and not within(target, *ENGINES_MAY_USE):
                 wrong.append(f"{module} -> {target}: engines use only the client (and its config and errors)")

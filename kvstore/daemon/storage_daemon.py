@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from kvstore.admin import AdminServer
 from kvstore.config import DaemonConfig, resolve_secret, split_sizes
-from kvstore.daemonlink import ShardLink
+from kvstore.daemon.link import ShardLink
 from kvstore.errors import Unavailable
 from kvstore.grant import GrantSigner
 from kvstore.hostid import host_id, pid_alive

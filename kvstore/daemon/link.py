@@ -10,9 +10,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from kvstore.daemon.mover import TierMover
 from kvstore.errors import KVStoreError, Unavailable
 from kvstore.metaclient.client import MetaClient
-from kvstore.mover import TierMover
 from kvstore.results import Block
 from kvstore.storage.base import Persistent, SegmentStorage
 from kvstore.types import SegmentInfo
@@ -41,7 +41,7 @@ class ShardLink:
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-s{shard}", daemon=True)
         self._mover: TierMover | None = None
         # Held by the mover while it journals and reports, and here while a persistent segment is
-        # recovered and announced again: see kvstore/mover.py.
+        # recovered and announced again: see kvstore/daemon/mover.py.
         self._journal_lock = threading.Lock()
 
     def mount_all(self, deadline: float) -> None:
