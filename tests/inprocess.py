@@ -8,7 +8,7 @@ from kvstore.config import DaemonConfig, MetaConfig, resolve_secret
 from kvstore.config.load import load_config
 from kvstore.daemon.storage_daemon import StorageDaemon
 from kvstore.grant import GrantSigner
-from kvstore.meta.service import MetaServer
+from kvstore.server.meta import MetaServer
 from tests.cluster import SECRET
 
 

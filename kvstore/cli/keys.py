@@ -19,7 +19,7 @@ from kvstore.cli.exits import Exit
 from kvstore.config import DEFAULT_META_PORT, META_ENV, ClientConfig
 from kvstore.config.flags import ConfigFlags
 from kvstore.errors import InvalidArgument
-from kvstore.metrics.observe import METRICS_ENDPOINT
+from kvstore.observe import METRICS_ENDPOINT
 
 if TYPE_CHECKING:
     from kvstore.client import KVClient

@@ -12,7 +12,7 @@ from kvstore.errors import Unavailable
 
 if TYPE_CHECKING:
     from kvstore.daemon.storage_daemon import StorageDaemon
-    from kvstore.meta.service import MetaServer
+    from kvstore.server.meta import MetaServer
 
 __all__ = ["in_use", "start_daemon", "start_meta"]
 
@@ -21,7 +21,7 @@ log = logging.getLogger("kvstore")
 
 def start_meta(cfg: MetaConfig) -> MetaServer:
     from kvstore.grant import GrantSigner
-    from kvstore.meta.service import MetaServer
+    from kvstore.server.meta import MetaServer
 
     secret, insecure = resolve_secret(cfg.secret)
     if insecure:

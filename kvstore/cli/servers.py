@@ -29,7 +29,7 @@ from kvstore.meta.shardmap import StaticShards
 
 if TYPE_CHECKING:
     from kvstore.daemon.storage_daemon import StorageDaemon
-    from kvstore.meta.service import MetaServer
+    from kvstore.server.meta import MetaServer
 
 log = logging.getLogger("kvstore")
 # Short flags for the settings people type most; every other field's flag is its name.

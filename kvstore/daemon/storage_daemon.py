@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvstore.admin import AdminServer
+from kvstore.admin.http import AdminServer
 from kvstore.config import DaemonConfig, resolve_secret, split_sizes
 from kvstore.daemon.link import ShardLink
 from kvstore.errors import Unavailable
 from kvstore.grant import GrantSigner
 from kvstore.hostid import host_id, pid_alive
 from kvstore.metaclient.client import MetaClient
-from kvstore.metrics.observe import METRICS_ENDPOINT, NO_TRANSFERS
+from kvstore.observe import METRICS_ENDPOINT, NO_TRANSFERS
 from kvstore.storage.base import Persistent, SegmentStorage
 from kvstore.storage.dram import DramSegment
 from kvstore.tls import TlsFiles

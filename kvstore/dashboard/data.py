@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstore.metrics.history import History, Sample
-from kvstore.metrics.observe import METRICS_ENDPOINT
+from kvstore.observe import METRICS_ENDPOINT
 from kvstore.stats import StoreStats
 
 WINDOW_S = 30.0

@@ -16,11 +16,11 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvstore.admin import AdminServer, Response
+from kvstore.admin.http import AdminServer, Response
 from kvstore.clock import Clock, SystemClock
 from kvstore.dashboard.data import snapshot
 from kvstore.metrics.history import History
-from kvstore.metrics.observe import METRICS_ENDPOINT
+from kvstore.observe import METRICS_ENDPOINT
 from kvstore.stats import StoreStats
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvstore import blockhash
-from kvstore.admin import AdminServer, Response
+from kvstore.admin.http import AdminServer, Response
 from kvstore.indexer import media
 from kvstore.indexer.engine_cache import ENGINE_SEED
 from kvstore.indexer.registry import Registration, Registry

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvstore.admin import AdminServer, Response
+from kvstore.admin.http import AdminServer, Response
 from kvstore.metrics.client import TRANSFER_SECONDS
 from kvstore.metrics.fast import Tally, Timed, counter_family, histogram_family
 from kvstore.storage.base import SegmentStorage

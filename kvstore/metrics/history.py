@@ -21,7 +21,7 @@ from typing import Any
 
 from kvstore.clock import Clock, SystemClock
 from kvstore.jsonlog import event
-from kvstore.metrics.observe import METRICS_ENDPOINT
+from kvstore.observe import METRICS_ENDPOINT
 from kvstore.stats import StoreStats
 from kvstore.types import Tier
 

@@ -33,7 +33,7 @@ from ctypes import addressof, c_char
 from pathlib import Path
 
 from kvstore.checksum import checksum
-from kvstore.metrics.observe import SsdIoObserver
+from kvstore.observe import SsdIoObserver
 from kvstore.results import Block
 from kvstore.storage.base import DroppedBlock, RecoveryReport, SegmentStorage
 from kvstore.storage.journal import Journal, JournalRecord, deletion, fsync_dir, live_records

@@ -20,7 +20,7 @@ from kvstore.clock import Clock, SystemClock, now_ms
 from kvstore.config import ClientConfig, DaemonConfig
 from kvstore.errors import InvalidArgument, PermissionDenied
 from kvstore.grant import GrantSigner
-from kvstore.metrics.observe import NO_TRANSFERS, TransferObserver
+from kvstore.observe import NO_TRANSFERS, TransferObserver
 from kvstore.storage.base import SegmentStorage
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo
 

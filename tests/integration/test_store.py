@@ -12,7 +12,7 @@ from kvstore.client.regions import REGION_MIN
 from kvstore.clock import SystemClock
 from kvstore.config import ClientConfig, MetaConfig
 from kvstore.grant import GrantSigner
-from kvstore.meta.service import MetaServer
+from kvstore.server.meta import MetaServer
 from tests.cluster import SECRET
 from tests.workers import block
 

@@ -15,10 +15,10 @@ import grpc
 import pytest
 
 from kvstore.errors import ErrorCode, NotLeader, PermissionDenied, Unauthenticated, Unavailable
-from kvstore.meta.auth import Authenticator
 from kvstore.meta.tenants import Tenant, TenantRegistry
 from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
+from kvstore.server.auth import Authenticator
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
 from kvstore.wire import frames

@@ -13,12 +13,12 @@ import pytest
 from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import WrongShard
-from kvstore.meta.auth import OPERATOR
-from kvstore.meta.handlers import MetaHandlers
 from kvstore.meta.leader import Leadership
 from kvstore.meta.shardmap import RedisShards, StaticShards
 from kvstore.meta.store import MetaStore
 from kvstore.metaclient.rediskeys import Keys
+from kvstore.server.auth import OPERATOR
+from kvstore.server.handlers import MetaHandlers
 from kvstore.shards import ShardSpec, shard_of
 from kvstore.v1 import meta_pb2 as pb
 from tests.meta_helpers import SIGNER

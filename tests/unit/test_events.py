@@ -15,9 +15,9 @@ from kvstore.events.buffer import EventBuffer
 from kvstore.events.feed import BlockFeed
 from kvstore.events.holdings import SHIFT, Holdings
 from kvstore.events.keys import block_ref
-from kvstore.events.service import attach
 from kvstore.meta.store import MetaStore
 from kvstore.results import MoveOutcome
+from kvstore.server.events import attach
 from kvstore.types import Tier
 from tests.meta_helpers import SIGNER, commit, segment
 
@@ -251,7 +251,7 @@ def test_a_takeover_opens_a_new_epoch_with_what_the_new_store_holds():
 
     import zmq
 
-    from kvstore.events.service import ServiceEvents
+    from kvstore.server.events import ServiceEvents
     from tests.cluster import wait_until
 
     clock = FakeClock(start=1_000.0)

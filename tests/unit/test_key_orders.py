@@ -16,8 +16,8 @@ from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode
 from kvstore.meta.eviction import LRUEviction
-from kvstore.meta.handlers import MetaHandlers
 from kvstore.meta.store import MetaStore
+from kvstore.server.handlers import MetaHandlers
 from kvstore.types import Tier
 from tests.meta_helpers import SIGNER, commit, segment
 from tests.unit.test_tenants import add, principal, put

@@ -8,12 +8,12 @@ from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.grant import LOCAL
-from kvstore.meta.auth import OPERATOR, Principal
-from kvstore.meta.handlers import MetaHandlers
 from kvstore.meta.state import GRACE_S
 from kvstore.meta.store import MetaStore
 from kvstore.meta.tenants import scoped
 from kvstore.results import TenantInfo
+from kvstore.server.auth import OPERATOR, Principal
+from kvstore.server.handlers import MetaHandlers
 from kvstore.types import GrantMode, Tier
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.wire import convert

@@ -15,11 +15,11 @@ from kvstore.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from kvstore.meta.auth import OPERATOR, Authenticator, Principal
-from kvstore.meta.handlers import MetaHandlers
 from kvstore.meta.store import MetaStore
 from kvstore.meta.tenants import Tenant, TenantRegistry, namespace, scoped, tenant_of
 from kvstore.results import TenantInfo
+from kvstore.server.auth import OPERATOR, Authenticator, Principal
+from kvstore.server.handlers import MetaHandlers
 from kvstore.types import Tier
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.wire import convert

@@ -21,7 +21,7 @@ from kvstore.config import ClientConfig  # noqa: E402
 from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
 from kvstore.grant import GrantSigner  # noqa: E402
 from kvstore.hostid import host_id  # noqa: E402
-from kvstore.metrics.observe import NoTransfers  # noqa: E402
+from kvstore.observe import NoTransfers  # noqa: E402
 from kvstore.transport import ucx_wire as ucx  # noqa: E402
 from kvstore.transport.base import Transfer  # noqa: E402
 from kvstore.transport.ucx_client import UcxTransport  # noqa: E402
@@ -29,6 +29,7 @@ from kvstore.transport.ucx_server import UcxServer  # noqa: E402
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier  # noqa: E402
 from tests.cluster import wait_until  # noqa: E402
 from tests.transport_harness import CAPACITY, SECRET, Daemon, deadline, get, later_ms, put, round_trips_from_threads  # noqa: E402
+
 
 @pytest.fixture
 def daemon(tmp_path) -> Iterator[Daemon]:

@@ -2,7 +2,7 @@
 response message out.
 
 This is the one translation layer between the wire (kvstore.v1 messages, converted by
-kvstore.wire.convert) and MetaStore. Both lanes call it: gRPC (service.py) and the fast lane
+kvstore.wire.convert) and MetaStore. Both lanes call it: gRPC (meta.py) and the fast lane
 (fastlane.py), each with the Principal its caller authenticated as (auth.py). A method raises
 KVStoreError for a call that fails as a whole; per-key outcomes travel inside the response.
 Each method makes one call on the store (one lock hold).
@@ -20,10 +20,10 @@ from typing import Any, Protocol
 from kvstore import __version__
 from kvstore.errors import InvalidArgument, WrongShard
 from kvstore.meta import tenancy
-from kvstore.meta.auth import ANYONE, Principal
 from kvstore.meta.ha import Single, Stores
 from kvstore.meta.store import MetaStore
 from kvstore.meta.tenants import DEFAULT_ID, namespace
+from kvstore.server.auth import ANYONE, Principal
 from kvstore.shards import ShardMap, ShardSpec, foreign, shard_of
 from kvstore.transport.registry import unconfined
 from kvstore.types import CheckedKeys, validate_keys

@@ -18,8 +18,8 @@ import threading
 from kvstore import __version__
 from kvstore.connlimit import Admission, Limits, peer_host
 from kvstore.errors import InvalidArgument, KVStoreError, Unauthenticated, Unavailable
-from kvstore.meta.auth import Authenticator, Session
-from kvstore.meta.handlers import MetaHandlers
+from kvstore.server.auth import Authenticator, Session
+from kvstore.server.handlers import MetaHandlers
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.wire import convert, frames
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kvstore.admin import AdminServer, Response
+from kvstore.admin.http import AdminServer, Response
 from kvstore.clock import Clock
 from kvstore.config import MetaConfig
 from kvstore.events.buffer import EventBuffer

@@ -15,20 +15,20 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvstore import tokens
-from kvstore.admin import AdminLimits, AdminServer, Response
+from kvstore.admin.http import AdminLimits, AdminServer, Response
 from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import KVStoreError, PermissionDenied, Unavailable, to_grpc_status
-from kvstore.events.service import ServiceEvents
 from kvstore.grant import GrantSigner
 from kvstore.logs import RateLimited
-from kvstore.meta.auth import Authenticator
-from kvstore.meta.fastlane import FastLaneServer
 from kvstore.meta.ha import Replicated, Single, Stores
-from kvstore.meta.handlers import MetaHandlers
 from kvstore.meta.journal import Journal
 from kvstore.meta.shardmap import directory
 from kvstore.meta.store import MetaStore
+from kvstore.server.auth import Authenticator
+from kvstore.server.events import ServiceEvents
+from kvstore.server.fastlane import FastLaneServer
+from kvstore.server.handlers import MetaHandlers
 from kvstore.shards import ShardSpec
 from kvstore.stats import StoreStats
 from kvstore.tls import TlsFiles, grpc_server_credentials, server_context
