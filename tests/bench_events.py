@@ -28,7 +28,7 @@ from kvstore.bench.store import SourcePool, ThroughputPlan, measure_batched, mea
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig, parse_size
 from kvstore.events import wire
-from kvstore.events.keys import block_ref
+from kvstore.events.block_ids import block_ref
 from kvstore.events.subscriber import EventSubscriber
 from tests.cluster import ADMIN_TOKEN, Cluster, wait_until
 

@@ -2,7 +2,7 @@
 
     main.py     the parser, dispatch, exit codes and the one-line error for every failure
     servers.py  serve, meta, daemon, clean
-    keys.py     put, get, rm, ls, stat
+    data.py     put, get, rm, ls, stat
     top.py      top: the dashboard in a terminal
 
 Nothing imports the CLI; it imports the rest lazily, per command, so `kvstore --help` is quick.

@@ -10,7 +10,7 @@ Conductor, kvstore's router) consume kvstore's too. docs/kv-events.md is the con
                          ZmqPublisher      the indexer's table   (any FeedListener)
                    PUB (topic, seq, EventBatch) + ROUTER replay
 
-keys.py maps a store key to the block it names and the 64-bit hash events carry; wire.py is the
+block_ids.py maps a store key to the block it names and the 64-bit hash events carry; wire.py is the
 msgpack format (encode for the publisher, decode for subscriber.py, which the router and the
 indexer use to read vLLM's own events).
 """

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from kvstore.events.block_ids import BlockRef, block_ref
 from kvstore.events.buffer import EventBuffer, Op
 from kvstore.events.holdings import SHIFT, Holdings
-from kvstore.events.keys import BlockRef, block_ref
 from kvstore.logs import RateLimited
 from kvstore.types import Tier
 

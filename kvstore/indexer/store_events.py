@@ -7,7 +7,7 @@ the namespace; events of keys that name no engine block, or from publishers that
 from __future__ import annotations
 
 from kvstore.events import wire
-from kvstore.events.keys import block_ref
+from kvstore.events.block_ids import block_ref
 from kvstore.indexer import media
 from kvstore.indexer.store_table import StoreTable
 

@@ -3,7 +3,7 @@ service a FeedListener on its block feed (kvstore/events/feed.py), so it changes
 order a few milliseconds behind it; elsewhere (the router) fed from kvstore's KV events by
 StoreEvents (store_events.py).
 
-Only engine block keys are indexed (kvstore/events/keys.py): other keys name no prefix.
+Only engine block keys are indexed (kvstore/events/block_ids.py): other keys name no prefix.
 """
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from kvstore.meta.events import EventSink, NoEvents
 from kvstore.meta.index import ObjectIndex
 from kvstore.meta.journal import Changes
 from kvstore.meta.lease import LeaseTable, Reader, ReadLeases
 from kvstore.meta.quarantine import Quarantine
 from kvstore.meta.records import ObjectRecord, SegmentRecord, encode_object, encode_pin, encode_segment
 from kvstore.meta.segments import Segment, SegmentTable, unpack_location
+from kvstore.meta.sink import EventSink, NoEvents
 from kvstore.meta.tenants import TenantRegistry
 from kvstore.types import Tier
 

@@ -357,7 +357,7 @@ class MetaStore:
             ticket = self._journaled()
         self._journal.wait(ticket)
 
-    # -- tenants (tenancy.py) ---------------------------------------------------------------------
+    # -- tenants (tenant_calls.py) ---------------------------------------------------------------------
 
     @property
     def tenants(self) -> TenantRegistry:

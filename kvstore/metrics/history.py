@@ -25,7 +25,7 @@ from kvstore.observe import METRICS_ENDPOINT
 from kvstore.stats import StoreStats
 from kvstore.types import Tier
 
-log = logging.getLogger("kvstore.meta.events")
+log = logging.getLogger("kvstore.meta.sink")
 _FETCH_TIMEOUT_S = 1.0
 _MAX_EVENTS = 200
 MAX_ROUTERS = 64  # each is fetched every sample

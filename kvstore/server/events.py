@@ -21,7 +21,7 @@ from kvstore.clock import Clock
 from kvstore.config import MetaConfig
 from kvstore.events.buffer import EventBuffer
 from kvstore.events.feed import BlockFeed, FeedListener
-from kvstore.meta.events import EventSink, NoEvents
+from kvstore.meta.sink import EventSink, NoEvents
 from kvstore.meta.store import MetaStore
 
 log = logging.getLogger(__name__)

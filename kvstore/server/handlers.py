@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from kvstore import __version__
 from kvstore.errors import InvalidArgument, WrongShard
-from kvstore.meta import tenancy
+from kvstore.meta import tenant_calls
 from kvstore.meta.ha import Single, Stores
 from kvstore.meta.store import MetaStore
 from kvstore.meta.tenants import DEFAULT_ID, namespace
@@ -66,7 +66,7 @@ class CallObserver(Protocol):
 class MetaHandlers:
     """`stores` says which MetaStore answers: reads (nothing durable changes) may be served where
     writes are not (a leader whose Redis fails). `observer`
-    (kvstore.metrics.service.ServiceMetrics, when metrics are on) sees every call of both lanes."""
+    (kvstore.metrics.meta.ServiceMetrics, when metrics are on) sees every call of both lanes."""
 
     def __init__(
         self,
@@ -287,7 +287,7 @@ class MetaHandlers:
             tenant = store.tenants.by_id(who.tenant)
             if tenant is None:
                 raise InvalidArgument(f"tenant {who.name!r} is gone")
-            response = convert.stats_to_pb(store.tenant_call(lambda st, now: tenancy.stats_of(st, tenant)))
+            response = convert.stats_to_pb(store.tenant_call(lambda st, now: tenant_calls.stats_of(st, tenant)))
         response.role, response.epoch, response.leader = standing.role, standing.epoch, standing.leader
         response.shard, response.shards = self.shard.index, self.shard.count
         response.standbys.extend(standing.standbys)
@@ -322,10 +322,10 @@ class MetaHandlers:
     # -- tenants (the admin's) -------------------------------------------------------------------
 
     def TenantAdd(self, request: pb.TenantAddRequest, who: Principal) -> pb.TenantAddResponse:
-        spec = tenancy.spec(tenant_info.tenant_from_pb(request.tenant))
+        spec = tenant_calls.spec(tenant_info.tenant_from_pb(request.tenant))
 
         def add(st: Any, now: float) -> Any:
-            return tenancy.info(st, st.tenants.add(spec, request.update, request.keep_id))
+            return tenant_calls.info(st, st.tenants.add(spec, request.update, request.keep_id))
 
         return pb.TenantAddResponse(tenant=tenant_info.tenant_to_pb(self._writes.tenant_call(add, changes=True)))
 
@@ -341,5 +341,5 @@ class MetaHandlers:
         return pb.TenantRevokeResponse(revoked=revoked)
 
     def TenantList(self, request: pb.TenantListRequest, who: Principal) -> pb.TenantListResponse:
-        infos = self._reads.tenant_call(lambda st, now: [tenancy.info(st, t) for t in st.tenants.all()])
+        infos = self._reads.tenant_call(lambda st, now: [tenant_calls.info(st, t) for t in st.tenants.all()])
         return pb.TenantListResponse(tenants=[tenant_info.tenant_to_pb(i) for i in infos])

@@ -36,7 +36,7 @@ from kvstore.wire import convert, frames
 
 if TYPE_CHECKING:
     from kvstore.metrics.history import History
-    from kvstore.metrics.service import ServiceMetrics
+    from kvstore.metrics.meta import ServiceMetrics
 
 log = logging.getLogger(__name__)
 HISTORY_INTERVAL_S = 2.0  # how often the service samples its statistics (dashboard rates, events)
@@ -140,7 +140,7 @@ def _observability(config: MetaConfig, stats: Callable[[], StoreStats | None]) -
 
     metrics = None
     if config.metrics:
-        from kvstore.metrics.service import ServiceMetrics
+        from kvstore.metrics.meta import ServiceMetrics
 
         metrics = ServiceMetrics(stats)
     return metrics, History(stats, metrics.lookups if metrics else dict, config.high_watermark)

@@ -5,7 +5,7 @@ Files in the segment's directory, for segment number `index`:
     ssd-{index}.data     the bytes, preallocated to `capacity`
     ssd-{index}.id       the segment id, made once, so it survives daemon restarts
     ssd-{index}.journal  which key lives where, and which the service deleted
-                         (kvstore.storage.journal), for recovery
+                         (kvstore.storage.ssd_journal), for recovery
 
 Writes go through O_DIRECT (a page-aligned bounce buffer, tails zero-padded to 4096 inside the
 block's reserved pages: the allocator aligns SSD blocks to 4096 and reserves whole pages) and fall
@@ -36,7 +36,7 @@ from kvstore.checksum import checksum
 from kvstore.observe import SsdIoObserver
 from kvstore.results import Block
 from kvstore.storage.base import DroppedBlock, RecoveryReport, SegmentStorage
-from kvstore.storage.journal import Journal, JournalRecord, deletion, fsync_dir, live_records
+from kvstore.storage.ssd_journal import Journal, JournalRecord, deletion, fsync_dir, live_records
 from kvstore.types import Tier
 
 log = logging.getLogger(__name__)

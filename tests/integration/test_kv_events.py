@@ -17,10 +17,10 @@ import zmq
 from kvstore import blockhash
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
-from kvstore.errors import KVStoreError
 from kvstore.engines.keys import KeyScheme
+from kvstore.errors import KVStoreError
 from kvstore.events import wire
-from kvstore.events.keys import block_ref
+from kvstore.events.block_ids import block_ref
 from kvstore.events.subscriber import EventSubscriber
 from tests.cluster import wait_until
 from tests.tcp_relay import Relay

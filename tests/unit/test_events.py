@@ -11,10 +11,10 @@ from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.engines.keys import KeyScheme
 from kvstore.events import wire
+from kvstore.events.block_ids import block_ref
 from kvstore.events.buffer import EventBuffer
 from kvstore.events.feed import BlockFeed
 from kvstore.events.holdings import SHIFT, Holdings
-from kvstore.events.keys import block_ref
 from kvstore.meta.store import MetaStore
 from kvstore.results import MoveOutcome
 from kvstore.server.events import attach

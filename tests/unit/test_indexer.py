@@ -6,8 +6,8 @@ from __future__ import annotations
 from kvstore import blockhash
 from kvstore.engines.keys import KeyScheme
 from kvstore.events import wire
+from kvstore.events.block_ids import block_ref
 from kvstore.events.feed import Transition
-from kvstore.events.keys import block_ref
 from kvstore.indexer import media
 from kvstore.indexer.engine_cache import EngineCache
 from kvstore.indexer.store_table import StoreTable

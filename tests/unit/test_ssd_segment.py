@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.bench.disk import raw_disk_ceiling
 from kvstore.checksum import checksum
 from kvstore.storage import ssd
-from kvstore.storage.journal import MAGIC, JournalRecord, encode, live_records
-from kvstore.bench.disk import raw_disk_ceiling
 from kvstore.storage.ssd import SsdSegment
+from kvstore.storage.ssd_journal import MAGIC, JournalRecord, encode, live_records
 from kvstore.types import Tier
 
 MiB = 1 << 20

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 from kvstore.client import KeyBusy, KVClient, KVStoreError
 from kvstore.compat.mooncake.codes import ErrorCode, code_for
-from kvstore.compat.mooncake.keys import KeyNamespace
 from kvstore.compat.mooncake.memory import RegisteredMemory
+from kvstore.compat.mooncake.namespace import KeyNamespace
 from kvstore.compat.mooncake.replicate import ReplicateConfig, pin_ttl_s, refusal
 from kvstore.results import KeyState
 

@@ -6,7 +6,7 @@ What kvstore does with each argument (docs/compat-mooncake.md has the table):
                              $KVSTORE_MOONCAKE_META, when set, overrides it for unchanged configs
     local_hostname           reported back by get_hostname()
     rdma_devices             the client's Mooncake transport devices (ClientConfig.mooncake_device)
-    tenant_id                a key namespace (see keys.py)
+    tenant_id                a key namespace (see namespace.py)
     metadata_server, global_segment_size, local_buffer_size, protocol, engine, enable_ssd_offload,
     ssd_offload_path, ipc_socket_path, enable_client_http_server, client_http_port
                              accepted and not used: kvstore's daemons contribute the memory and the

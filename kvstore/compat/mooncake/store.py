@@ -20,7 +20,7 @@ from kvstore.client import KVClient, KVStoreError
 from kvstore.compat.mooncake import checks, setup_args
 from kvstore.compat.mooncake.buffers import BufferHandle, gather
 from kvstore.compat.mooncake.codes import ErrorCode, code_for
-from kvstore.compat.mooncake.keys import KeyNamespace
+from kvstore.compat.mooncake.namespace import KeyNamespace
 from kvstore.compat.mooncake.replicate import ReplicateConfig
 from kvstore.compat.mooncake.session import Session
 from kvstore.compat.mooncake.settings import client_config, meta_address
