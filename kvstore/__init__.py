@@ -3,14 +3,12 @@
     from kvstore import KVClient, ClientConfig, KeyNotFound
 
 The public names are loaded on first use (module __getattr__), so `import kvstore` stays cheap and
-the server side, which imports kvstore for its version, never pulls in the client.
+the server side never pulls in the client.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AlreadyExists",
@@ -44,9 +42,14 @@ if TYPE_CHECKING:
         TransportError,
         Unavailable,
     )
+    from kvstore.version import __version__
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from kvstore.version import __version__
+
+        return __version__
     if name == "KVClient":
         from kvstore.client import KVClient
 

@@ -23,8 +23,7 @@ from kvstore.observe import METRICS_ENDPOINT
 
 if TYPE_CHECKING:
     from kvstore.client import KVClient
-    from kvstore.results import KeyInfo
-    from kvstore.stats import StoreStats
+    from kvstore.results import KeyInfo, StoreStats
 
 DEFAULT_META = f"127.0.0.1:{DEFAULT_META_PORT}"
 

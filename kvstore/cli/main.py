@@ -9,8 +9,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from kvstore import __version__
 from kvstore.cli.exits import Exit, Parser, formatter
+from kvstore.version import __version__
 
 log = logging.getLogger("kvstore")
 LOG_LEVEL_ENV = "KVSTORE_LOG_LEVEL"

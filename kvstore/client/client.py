@@ -25,8 +25,7 @@ from kvstore.config import ClientConfig
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.metaclient.client import MetaClient
 from kvstore.metaclient.sharded import ShardedMetaClient, client_for
-from kvstore.results import KeyInfo, KeyListing
-from kvstore.stats import StoreStats
+from kvstore.results import KeyInfo, KeyListing, StoreStats
 from kvstore.tls import TlsFiles
 from kvstore.transport.base import Transport
 from kvstore.types import validate_keys

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvstore.metrics.history import History, Sample
 from kvstore.observe import METRICS_ENDPOINT
-from kvstore.stats import StoreStats
+from kvstore.results import StoreStats
 
 WINDOW_S = 30.0
 

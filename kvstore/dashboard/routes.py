@@ -21,7 +21,7 @@ from kvstore.clock import Clock, SystemClock
 from kvstore.dashboard.data import snapshot
 from kvstore.metrics.history import History
 from kvstore.observe import METRICS_ENDPOINT
-from kvstore.stats import StoreStats
+from kvstore.results import StoreStats
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 

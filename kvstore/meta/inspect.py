@@ -11,7 +11,7 @@ from kvstore.meta.segments import unpack_location
 from kvstore.meta.state import MetaState
 from kvstore.meta.tenants import DEFAULT_ID, tenant_of
 from kvstore.meta.tiering import Tiering
-from kvstore.stats import DaemonStats, StoreStats, TierStats
+from kvstore.results import DaemonStats, StoreStats, TierStats
 from kvstore.types import Tier
 
 _TIER_COUNTERS = ("blocks", "hits", "evictions", "demotions", "promotions")

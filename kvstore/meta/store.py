@@ -44,8 +44,8 @@ from kvstore.results import (
     PutStartReply,
     PutStartResult,
     PutWritten,
+    StoreStats,
 )
-from kvstore.stats import StoreStats
 from kvstore.types import MAX_BATCH_KEYS, MoveTask, SegmentInfo, validate_key, validate_keys
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from kvstore.meta.state import MetaState
 from kvstore.meta.tenants import DEFAULT_ID, Tenant
-from kvstore.results import TenantInfo
-from kvstore.stats import StoreStats, TierStats
+from kvstore.results import StoreStats, TenantInfo, TierStats
 from kvstore.types import Tier
 
 

@@ -22,11 +22,11 @@ from typing import Any, cast
 
 import grpc
 
-from kvstore import __version__
 from kvstore.errors import KVStoreError, PermissionDenied, Unavailable, from_rpc_error
 from kvstore.tls import TlsFiles, client_context, grpc_channel_credentials
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
+from kvstore.version import __version__
 from kvstore.wire import convert, frames
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """MetaClient: every call of the metadata service as a typed method.
 
 The one way any process talks to the service: the client SDK, the storage daemon and its tier
-mover all use it. Arguments and results are the plain types of kvstore.types, kvstore.results
-and kvstore.stats; protobuf stays in kvstore.wire.convert. Thread safe.
+mover all use it. Arguments and results are the plain types of kvstore.types and
+kvstore.results; protobuf stays in kvstore.wire.convert. Thread safe.
 
 `address` names one service ("host:port"), several ("h1:p1,h2:p2": a leader and its standbys),
 or a Redis URL ("redis://host:port/db?cluster=NAME") where the leader is looked up. A call a
@@ -35,9 +35,9 @@ from kvstore.results import (
     PutWritten,
     Reserved,
     ServiceInfo,
+    StoreStats,
     TenantInfo,
 )
-from kvstore.stats import StoreStats
 from kvstore.tls import TlsFiles
 from kvstore.types import MoveTask, SegmentInfo
 from kvstore.v1 import meta_pb2 as pb

@@ -10,8 +10,7 @@ from typing import Any, TypeVar
 from kvstore import shards
 from kvstore.errors import InvalidArgument, Unavailable, WrongShard
 from kvstore.metaclient.client import MetaClient
-from kvstore.results import GetReply, GetResult, KeyListing, TenantInfo
-from kvstore.stats import StoreStats
+from kvstore.results import GetReply, GetResult, KeyListing, StoreStats, TenantInfo
 from kvstore.types import SegmentInfo, Tier
 
 T = TypeVar("T")

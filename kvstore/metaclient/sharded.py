@@ -34,9 +34,9 @@ from kvstore.results import (
     PutStartResult,
     PutWritten,
     ServiceInfo,
+    StoreStats,
     TenantInfo,
 )
-from kvstore.stats import StoreStats
 from kvstore.types import SegmentInfo
 
 T = TypeVar("T")

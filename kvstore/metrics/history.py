@@ -22,7 +22,7 @@ from typing import Any
 from kvstore.clock import Clock, SystemClock
 from kvstore.jsonlog import event
 from kvstore.observe import METRICS_ENDPOINT
-from kvstore.stats import StoreStats
+from kvstore.results import StoreStats
 from kvstore.types import Tier
 
 log = logging.getLogger("kvstore.meta.sink")

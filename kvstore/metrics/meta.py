@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from kvstore.errors import ErrorCode, KVStoreError
 from kvstore.metrics.fast import CallStats, Tally, counter_family
-from kvstore.stats import StoreStats
+from kvstore.results import StoreStats
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # a server process: *_created series only double the scrape
 Handler = Callable[..., Any]  # a MetaHandlers method: (request, caller) -> response

@@ -15,12 +15,12 @@ import socket
 import ssl
 import threading
 
-from kvstore import __version__
 from kvstore.connlimit import Admission, Limits, peer_host
 from kvstore.errors import InvalidArgument, KVStoreError, Unauthenticated, Unavailable
 from kvstore.server.auth import Authenticator, Session
 from kvstore.server.handlers import MetaHandlers
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.version import __version__
 from kvstore.wire import convert, frames
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from kvstore import __version__
 from kvstore.errors import InvalidArgument, WrongShard
 from kvstore.meta import tenant_calls
 from kvstore.meta.ha import Single, Stores
@@ -28,6 +27,7 @@ from kvstore.shards import ShardMap, ShardSpec, foreign, shard_of
 from kvstore.transport.registry import unconfined
 from kvstore.types import CheckedKeys, validate_keys
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.version import __version__
 from kvstore.wire import convert, tenant_info
 from kvstore.wire import listing as wire_keys
 

@@ -25,12 +25,12 @@ from kvstore.meta.ha import Replicated, Single, Stores
 from kvstore.meta.journal import Journal
 from kvstore.meta.shardmap import directory
 from kvstore.meta.store import MetaStore
+from kvstore.results import StoreStats
 from kvstore.server.auth import Authenticator
 from kvstore.server.events import ServiceEvents
 from kvstore.server.fastlane import FastLaneServer
 from kvstore.server.handlers import MetaHandlers
 from kvstore.shards import ShardSpec
-from kvstore.stats import StoreStats
 from kvstore.tls import TlsFiles, grpc_server_credentials, server_context
 from kvstore.wire import convert, frames
 

@@ -1,7 +1,7 @@
 """Conversions between the plain types and their protobuf messages (kvstore.v1).
 
 Protobuf stays here: the servicer, the metadata client and everything above them see the
-dataclasses of kvstore.types, kvstore.results and kvstore.stats, never a generated message.
+dataclasses of kvstore.types, kvstore.results, never a generated message.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, NotLeader, Unavailable, WrongShard, error_for
 from kvstore.results import (
     Block,
+    DaemonStats,
     GetReply,
     GetResult,
     HeartbeatReply,
@@ -23,9 +24,10 @@ from kvstore.results import (
     PutWritten,
     Reserved,
     ServiceInfo,
+    StoreStats,
+    TierStats,
 )
 from kvstore.shards import ShardMap
-from kvstore.stats import DaemonStats, StoreStats, TierStats
 from kvstore.types import Endpoint, Grant, GrantMode, MoveKind, MoveTask, SegmentInfo, Tier
 from kvstore.v1 import meta_pb2 as pb
 

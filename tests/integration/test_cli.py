@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kvstore import __version__
+from kvstore.version import __version__
 from tests.cluster import ADMIN_TOKEN, SECRET, spawn
 
 

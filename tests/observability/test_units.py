@@ -14,7 +14,7 @@ from kvstore.engines.router.telemetry import Telemetry
 from kvstore.metrics.client import ClientMetrics, export
 from kvstore.metrics.history import DaemonTraffic, History, parse_traffic
 from kvstore.metrics.links import LinkConfig, LinkMonitor
-from kvstore.stats import DaemonStats, StoreStats, TierStats
+from kvstore.results import DaemonStats, StoreStats, TierStats
 from kvstore.types import Endpoint, SegmentInfo, Tier
 
 MIB = 1 << 20

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvstore import __version__
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode
 from kvstore.metaclient.client import MetaClient
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.version import __version__
 from kvstore.wire import frames as fastrpc
 
 pytestmark = pytest.mark.faults

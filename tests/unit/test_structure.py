@@ -28,7 +28,7 @@ LAYERS = [
             "kvstore.connlimit",
             "kvstore.checksum",
             "kvstore.results",
-            "kvstore.stats",
+            "kvstore.results",
             "kvstore.grant",
             "kvstore.hostid",
             "kvstore.logs",
