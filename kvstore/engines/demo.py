@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import asdict
+from typing import Any
 
 import httpx
 
@@ -243,9 +244,14 @@ HEAD = (
 
 
 def _report(
-    runs: dict, rates: dict, workloads: list[str], scenarios: list[str], slo: SLO, serial: tuple[Run, Run] | None
-) -> dict:
-    out: dict = {"slo": asdict(slo), "runs": {}}
+    runs: dict[tuple[str, str, float], Run],
+    rates: dict[str, float],
+    workloads: list[str],
+    scenarios: list[str],
+    slo: SLO,
+    serial: tuple[Run, Run] | None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"slo": asdict(slo), "runs": {}}
     print(
         f"\nSLO: TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s * 1e3:g} ms; times in ms; prefill-shared = decode "
         f"steps whose batch also computed prompt tokens / all decode steps\n{HEAD}\n{'-' * len(HEAD)}"
@@ -290,9 +296,15 @@ def _explain_routes(run: Run) -> None:
         print(line)
 
 
-def _targets(runs: dict, rates: dict, scenarios: list[str], slo: SLO, serial: tuple[Run, Run] | None) -> dict:
+def _targets(
+    runs: dict[tuple[str, str, float], Run],
+    rates: dict[str, float],
+    scenarios: list[str],
+    slo: SLO,
+    serial: tuple[Run, Run] | None,
+) -> dict[str, Any]:
     print("\ntargets (ratios within this run):")
-    found: dict = {}
+    found: dict[str, Any] = {}
     mixed = {
         sc: summarize(runs[("mixed", sc, rates["mixed"])], slo)
         for sc in scenarios

@@ -127,4 +127,4 @@ def follow_up_hits(run: Run) -> tuple[int, int, int]:
     """(answered follow-up turns, their prompt tokens, of which loaded from kvstore): how much of
     each conversation's history the next turn found stored."""
     later = [(o, o.record) for o in run.outcomes if o.ok and o.record is not None and o.follows is not None]
-    return len(later), sum(o.prompt_tokens for o, _ in later), sum(r.cached_tokens for _, r in later)
+    return len(later), sum(o.prompt_tokens for o, _ in later), sum(r.cached_tokens or 0 for _, r in later)

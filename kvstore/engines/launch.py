@@ -23,7 +23,7 @@ READY = re.compile(r"kvstore ready: (.*)")
 @dataclass
 class Managed:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen[str]
     ready: str = ""
     lines: list[str] = field(default_factory=list)
 
@@ -67,9 +67,11 @@ def launch(
     )
     proc = Managed(name, popen)
     lines: queue.Queue[str | None] = queue.Queue()
+    stdout = popen.stdout
+    assert stdout is not None  # stdout=PIPE
 
     def pump() -> None:
-        for line in popen.stdout:
+        for line in stdout:
             proc.lines.append(line)
             if echo:
                 sys.stdout.write(f"  [{name}] {line}")
@@ -104,8 +106,10 @@ class Fleet:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add(self, name: str, module_args: Sequence[str], **kw) -> Managed:
-        proc = launch(name, module_args, echo=self.echo, **kw)
+    def add(
+        self, name: str, module_args: Sequence[str], *, timeout: float = 120.0, env: dict[str, str] | None = None
+    ) -> Managed:
+        proc = launch(name, module_args, timeout=timeout, env=env, echo=self.echo)
         self.procs.append(proc)
         return proc
 

@@ -12,6 +12,7 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -53,7 +54,7 @@ async def _one(
 ) -> Outcome:
     sent = time.perf_counter()
     out = Outcome(index, item.kind, False, sent - start, len(prompt), item.follows)
-    record: dict = {}
+    record: dict[str, Any] = {}
     try:
         async with http.stream(
             "POST", f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": item.max_tokens, "stream": True}

@@ -123,7 +123,7 @@ class RequestMetrics:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data: dict) -> RequestMetrics:
+    def from_dict(cls, data: dict[str, Any]) -> RequestMetrics:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import sys
 import time
+from typing import Any
 
 from kvstore.engines.planner import PlanError
 from kvstore.engines.planner.hardware import ACCELERATORS
@@ -222,7 +223,7 @@ def model_from_args(args: argparse.Namespace) -> ModelShape:
             shape = _reshaped(shape, dims)
     else:
         shape = _rederived(args.model, dims) if dims else PRESETS[args.model]
-    changes: dict = {}
+    changes: dict[str, Any] = {}
     if args.dtype:
         changes["dtype_bytes"] = DTYPE_BYTES[args.dtype]
     if args.weight_dtype:

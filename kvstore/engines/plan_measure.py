@@ -25,6 +25,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from kvstore.engines.fleet_sim import FleetLoad, StepCost, simulate_fleet
 from kvstore.engines.reference.scheduler import SchedulerConfig
@@ -226,10 +227,11 @@ def measure_instance(url: str, input_tokens: int, output_tokens: int, batches: l
     context = input_tokens + output_tokens // 2
     prompt = [rng.randrange(256) for _ in range(context)]
 
-    async def complete(http: httpx.AsyncClient, tokens: list[int], max_tokens: int) -> dict:
+    async def complete(http: httpx.AsyncClient, tokens: list[int], max_tokens: int) -> dict[str, Any]:
         resp = await http.post(f"{url}/v1/completions", json={"prompt": tokens, "max_tokens": max_tokens})
         resp.raise_for_status()
-        return resp.json()["kvstore"]
+        record: dict[str, Any] = resp.json()["kvstore"]
+        return record
 
     async def main() -> StepCost:
         async with httpx.AsyncClient(timeout=600) as http:

@@ -103,7 +103,7 @@ class HiCacheConfig:
 
 
 class KVStoreHiCacheStorage(HiCacheStorage):
-    def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
+    def __init__(self, storage_config: Any, kwargs: dict[str, Any] | None = None) -> None:
         extra = dict(getattr(storage_config, "extra_config", None) or {})
         try:
             config = load_config(HiCacheConfig, None, None, **{k: v for k, v in extra.items() if k not in _OWN_KEYS})
@@ -173,18 +173,21 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         """Read each page into its target tensor (or a new uint8 tensor); None where it missed."""
         if not keys:
             return []
-        targets = list(target_locations) if target_locations is not None else [None] * len(keys)
+        given: list[torch.Tensor | None] = (
+            list(target_locations) if target_locations is not None else [None] * len(keys)
+        )
         out: list[torch.Tensor | None] = [None] * len(keys)
         self.stats["get_pages"] += len(keys)
         try:
-            if any(t is None for t in targets):
+            if any(t is None for t in given):
                 values = self.client.get_many([self._key(k) for k in keys])
                 targets = [
                     t if t is not None else torch.frombuffer(bytearray(v), dtype=torch.uint8)
-                    for t, v in zip(targets, values)
+                    for t, v in zip(given, values)
                 ]
-                results = [t.numel() * t.element_size() for t in targets]
+                results: list[Any] = [t.numel() * t.element_size() for t in targets]
             else:
+                targets = [t for t in given if t is not None]  # every one given
                 results = self.client.get_many_into([self._key(k) for k in keys], targets, strict=False)
         except KVStoreError as exc:
             log.warning("kvstore HiCache backend: get of %d pages failed (%s)", len(keys), exc)
@@ -237,7 +240,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             raise RuntimeError("kvstore HiCache backend: zero copy needs register_mem_pool_host first")
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         return [
-            memoryview(np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(ptr)))
+            np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(ptr)).data  # memoryview(array)
             for ptr, size in zip(ptrs, sizes)
         ]
 

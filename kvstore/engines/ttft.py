@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from kvstore.engines.codec import Granularity, KVBlockCodec, layout_name
-from kvstore.engines.keys import KeyScheme
+from kvstore.engines.codec import KVBlockCodec, layout_name
+from kvstore.engines.keys import Granularity, KeyScheme
 from kvstore.engines.reference.device_model import DeviceModel, new_planes
 
 

@@ -23,6 +23,10 @@ def build_llm(settings: dict):
     from vllm.config import KVTransferConfig
 
     kv = settings.get("kv_transfer_config")
+    if kv and kv.get("kv_connector_module_path") == "kvstore.engines.vllm":
+        # kvstore's connector as tests/vllm/probe.py subclasses it: the same connector, whose live
+        # instances connector_stats() can read.
+        kv = {**kv, "kv_connector_module_path": "tests.vllm.probe"}
     return LLM(model=settings["model"], dtype=settings.get("dtype", "float32"),
                block_size=settings.get("block_size", 32), max_model_len=settings.get("max_model_len", 4096),
                max_num_batched_tokens=settings.get("max_num_batched_tokens", 4096),
@@ -34,7 +38,7 @@ def build_llm(settings: dict):
 
 def connector_stats() -> dict:
     try:
-        from kvstore.engines.vllm.connector import LIVE
+        from tests.vllm.probe import LIVE
     except ImportError:
         return {}
     out = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from kvstore.engines.planner import PlanError
 from kvstore.engines.planner.hardware import Accelerator
@@ -304,7 +305,7 @@ class Plan:
         """Uncontended: prefill + KV moves + one decode step (queueing is not modelled)."""
         return self.prefill_s + self.transfer_s + 1 / self.throughput.stream_tps
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         names = (
             "kv_bytes_per_request",
             "prompt_kv_bytes",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from kvstore.engines.keys import Granularity
 from kvstore.engines.reference.config import EngineConfig, Role
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         from kvstore.client import KVClient
         from kvstore.config import ClientConfig, load_config
 
-        overrides = {}
+        overrides: dict[str, Any] = {}
         if args.kv_transports:
             overrides["transports"] = tuple(t.strip() for t in args.kv_transports.split(",") if t.strip())
         if args.kv_timeout:

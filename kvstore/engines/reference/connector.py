@@ -17,9 +17,11 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvstore.client import KeyNotFound, KVStoreError, TransportError, Unavailable
-from kvstore.engines.codec import Granularity, KVBlockCodec, LoadResult, SaveResult
+from kvstore.engines.codec import KVBlockCodec, LoadResult, SaveResult
+from kvstore.engines.keys import Granularity
 from kvstore.engines.reference.paged_cache import PagedKVCache
 
 
@@ -83,7 +85,7 @@ class _Pinned:
         self._released = False
         cache.pin(self._ids)
 
-    def add(self, future: Future) -> None:
+    def add(self, future: Future[Any]) -> None:
         with self._lock:
             self._parts += 1
         future.add_done_callback(self._part_done)
@@ -99,7 +101,7 @@ class _Pinned:
     def released(self) -> bool:
         return self._released
 
-    def _part_done(self, _: Future) -> None:
+    def _part_done(self, _: Future[Any]) -> None:
         with self._lock:
             self._parts -= 1
             last = self._closed and self._parts == 0

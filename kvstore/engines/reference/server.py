@@ -36,6 +36,10 @@ from kvstore.engines.reference.engine import Generation, GenerationRequest, Inva
 from kvstore.engines.serving import SSE_DONE, sse
 from kvstore.engines.tokenizer import ByteTokenizer
 
+# What the engine's thread hands a request's queue: ("token", int)..., then ("done", Generation)
+# or ("error", str).
+_Event = tuple[str, Any]
+
 
 class EngineWorker:
     """Runs the engine's loop on its own thread; requests join the running batch as they come."""
@@ -51,10 +55,10 @@ class EngineWorker:
         lo = self.engine.load()
         return {"queue_depth": lo.waiting, "queued_tokens": lo.queued_tokens, "running": lo.running}
 
-    def submit(self, req: GenerationRequest) -> asyncio.Queue:
+    def submit(self, req: GenerationRequest) -> asyncio.Queue[_Event]:
         """Queue `req`; the returned queue gets ("token", id)..., then ("done", Generation) or
         ("error", message)."""
-        events: asyncio.Queue = asyncio.Queue()
+        events: asyncio.Queue[_Event] = asyncio.Queue()
         self.engine.submit(req, _EventSink(asyncio.get_running_loop(), events, self.sink))
         return events
 
@@ -66,12 +70,12 @@ class EngineWorker:
 class _EventSink:
     """A request's results, handed from the engine's thread to the event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue, metrics: MetricsSink) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[_Event], metrics: MetricsSink) -> None:
         self._loop = loop
         self._events = events
         self._metrics = metrics
 
-    def _put(self, event: tuple) -> None:
+    def _put(self, event: _Event) -> None:
         self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
     def token(self, token: int) -> None:
@@ -93,6 +97,11 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
     tokenizer = ByteTokenizer()
     worker: EngineWorker | None = None
     model_name = engine.model.config.name
+
+    def running() -> EngineWorker:
+        if worker is None:  # requests are served only once the lifespan has started it
+            raise RuntimeError("the engine's worker is not running")
+        return worker
 
     def chunk(rid: str, created: int, text: str, ids: list[int], finish: str | None, **extra: Any) -> dict[str, Any]:
         return {
@@ -131,11 +140,11 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
             engine.validate(req)
         except (ValueError, TypeError, InvalidRequest) as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
-        events = worker.submit(req)
+        events = running().submit(req)
         created = int(time.time())
         if body.get("stream"):
 
-            async def stream():
+            async def stream() -> AsyncIterator[bytes]:
                 while True:
                     kind, value = await events.get()
                     if kind == "token":
@@ -169,7 +178,7 @@ def build_app(engine: ReferenceEngine, sink: MetricsSink) -> Starlette:
         return JSONResponse(engine.info())
 
     async def load(_: Request) -> Response:
-        return JSONResponse(worker.load())
+        return JSONResponse(running().load())
 
     store_metrics = getattr(engine.connector.codec.client, "metrics", None) if engine.connector else None
 

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from kvstore.engines.router.policy import CostModel
 
 if TYPE_CHECKING:
+    import httpx
+
     from kvstore.engines.router.backend import Backend
     from kvstore.engines.router.policy import Pools
 
@@ -158,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         # Before the HTTP server starts, so that Ctrl-C or SIGTERM stop a router still waiting.
         asyncio.run(_wait_for_instances(backend, pools, args.wait_for_instances))
 
-    async def make_router(http):
+    async def make_router(http: httpx.AsyncClient) -> Router:
         found = await backend.discover(http, pools)
         live_pools = replace(pools, storeless=found.storeless)
         model = CostModel(

@@ -43,6 +43,7 @@ class PrefixVLLMBackend(VLLMBackend):
             raise ValueError("the router serves one choice a request: n and best_of must be 1")
         payload = body.get("prompt")
         model = body.get("model") or self.model
+        ids: list[int] | None
         if isinstance(payload, list) and payload and all(type(t) is int and t >= 0 for t in payload):
             ids = payload
         elif isinstance(payload, str) and payload:

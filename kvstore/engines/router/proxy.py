@@ -170,6 +170,7 @@ class Router:
         self, decision: Decision, body: dict[str, Any], prompt: Prompt, rec: RequestMetrics, headers: dict[str, str]
     ) -> Handoff | None:
         url = decision.prefill
+        assert url is not None, "a PD decision names its prefill instance"
         self._track(url, 1, prompt.tokens)
         start = time.perf_counter()
         try:
@@ -210,7 +211,9 @@ class _TokenClock:
             self.count += tokens
 
     def tpot(self) -> float | None:
-        return (self.last - self.first) / (self.count - 1) if self.count > 1 else None
+        if self.count > 1 and self.first is not None and self.last is not None:  # both set by the first tick
+            return (self.last - self.first) / (self.count - 1)
+        return None
 
 
 async def _check(resp: httpx.Response, target: str) -> None:

@@ -78,6 +78,11 @@ class ReferenceBackend:
         self.naming = BlockNaming(scheme, info["object_parts"])
         return Discovery(info["kv_bytes_per_token"], frozenset(u for u, i in infos.items() if not i["store"]))
 
+    def _named(self) -> BlockNaming:
+        if self.naming is None:
+            raise RuntimeError("the instances' block naming is not known: discover() them first")
+        return self.naming
+
     # -- the prompt ----------------------------------------------------------------------------
 
     async def prompt(self, http: httpx.AsyncClient, body: dict[str, Any]) -> Prompt:
@@ -92,7 +97,8 @@ class ReferenceBackend:
         """Leading prompt tokens kvstore holds (0 without a store, or if it cannot be reached)."""
         if self.store is None:
             return PrefixLookup(0, None)
-        scheme, parts = self.naming.scheme, self.naming.parts
+        naming = self._named()
+        scheme, parts = naming.scheme, naming.parts
         hashes = scheme.block_hashes(tokens)
         if not hashes:
             return PrefixLookup(0, None)
@@ -128,7 +134,7 @@ class ReferenceBackend:
         stored = int(params["cached_tokens"])
         if params.get("save_error"):
             # Decode is promised only what is stored; what the hand-off lacks, it recomputes.
-            block = self.naming.scheme.block_size
+            block = self._named().scheme.block_size
             rec.fallback = "save_failed"
             rec.add_failures(missing_tokens=max(0, (prompt.tokens - 1) // block * block - stored))
             log.warning(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -22,22 +22,27 @@ from kvstore.engines.router.proxy import Router
 from kvstore.engines.serving import SSE_DONE, sse
 
 
-def build_app(make_router: Callable[[httpx.AsyncClient], Any], timeout_s: float) -> Starlette:
+def build_app(make_router: Callable[[httpx.AsyncClient], Awaitable[Router]], timeout_s: float) -> Starlette:
     """`make_router(http)` is awaited at startup (it discovers the instances)."""
-    router: Router | None = None
+    started: Router | None = None
+
+    def live() -> Router:
+        if started is None:  # requests are served only once the lifespan has made it
+            raise RuntimeError("the router has not started")
+        return started
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        nonlocal router
+        nonlocal started
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits) as http:
-            router = await make_router(http)
+            started = await make_router(http)
             yield
 
     async def completions(request: Request) -> Response:
         try:
             body = await request.json()
-            stream = router.complete(body)
+            stream = live().complete(body)
             first = await anext(stream)
         except (ValueError, TypeError) as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
@@ -71,9 +76,10 @@ def build_app(make_router: Callable[[httpx.AsyncClient], Any], timeout_s: float)
         return JSONResponse(last)
 
     async def metrics(_: Request) -> Response:
-        return Response(router.sink.exposition(), media_type="text/plain; version=0.0.4")
+        return Response(live().sink.exposition(), media_type="text/plain; version=0.0.4")
 
     async def state(_: Request) -> Response:
+        router = live()
         return JSONResponse(
             {
                 "policy": router.policy.name,

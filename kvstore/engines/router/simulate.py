@@ -17,6 +17,7 @@ import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvstore.engines.keys import KeyScheme
 from kvstore.engines.router.policy import CostModel, InstanceLoad, Pools, Route, RouteRequest, make_policy
@@ -37,7 +38,7 @@ class SimParams:
 class SimResult:
     policy: str
     ttft_s: list[float] = field(default_factory=list)
-    routes: Counter = field(default_factory=Counter)
+    routes: Counter[str] = field(default_factory=Counter)
 
     @property
     def mean_ttft(self) -> float:
@@ -72,7 +73,7 @@ def simulate(
     free_at: dict[str, float] = {}
     load: dict[str, list[int]] = {}
     result = SimResult(policy_name)
-    events: list[tuple[float, int, str, tuple]] = []
+    events: list[tuple[float, int, str, tuple[Any, ...]]] = []
     seq = itertools.count()
 
     def at(t: float, kind: str, *args: object) -> None:
@@ -118,11 +119,13 @@ def simulate(
             result.routes[decision.route.value] += 1
             telemetry.record_arrival(decision.prefill or decision.target)
             if decision.route is Route.PD:
+                prefill = decision.prefill
+                assert prefill is not None, "a PD decision names its prefill instance"
                 u = len(item.prompt) - cached
-                track(decision.prefill, 1, u)
-                done, _, _ = run_on(decision.prefill, link(cached), u, 1)
+                track(prefill, 1, u)
+                done, _, _ = run_on(prefill, link(cached), u, 1)
                 done += link(u)  # the save
-                at(done, "prefilled", item, decision.prefill, decision.target, u, hashes, now)
+                at(done, "prefilled", item, prefill, decision.target, u, hashes, now)
             else:
                 generate(item, decision.target, cached, decision.target in pools.storeless, now)
         elif kind == "prefilled":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvstore.engines.router.policy import CostModel
@@ -89,7 +89,7 @@ class Telemetry:
     def record_prefill(self, tokens: int, seconds: float) -> None:
         self._prefill.add(tokens, seconds)
 
-    def record_links(self, links: list[dict]) -> None:
+    def record_links(self, links: list[dict[str, Any]]) -> None:
         """An instance's link monitor figures (LinkStats as dicts): the latest per link is kept."""
         now = self._clock()
         for link in links:

@@ -17,7 +17,6 @@ handshake metadata, so both sides use identical keys.
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,15 +35,13 @@ from kvstore.engines.vllm.worker import WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import PromMetric, PromMetricT
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
-
-# Connectors alive in this process, by role: in-process vLLM (tests, benchmarks) reads their stats.
-LIVE: weakref.WeakValueDictionary[str, KVStoreConnector] = weakref.WeakValueDictionary()
 
 
 class KVStoreConnector(KVConnectorBase_V1):
@@ -72,38 +69,47 @@ class KVStoreConnector(KVConnectorBase_V1):
             self.worker = WorkerSide(
                 self.config, self.block_size, kv_cache_config.num_blocks, _layout_suffix(vllm_config)
             )
-        LIVE[role.name.lower()] = self
+
+    def _worker_side(self) -> WorkerSide:
+        if self.worker is None:
+            raise RuntimeError("kvstore connector: a worker-side call on the scheduler's connector")
+        return self.worker
+
+    def _scheduler_side(self) -> SchedulerSide:
+        if self.scheduler is None:
+            raise RuntimeError("kvstore connector: a scheduler-side call on a worker's connector")
+        return self.scheduler
 
     # -- worker side -----------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self.worker.register(kv_caches, self.config.model_id)
+        self._worker_side().register(kv_caches, self.config.model_id)
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
         return self.worker.handshake if self.worker is not None else None
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         idle = forward_context is None or getattr(forward_context, "attn_metadata", None) is None
-        self.worker.start_loads(self._meta(), idle)
+        self._worker_side().start_loads(self._meta(), idle)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads finish before the forward (sync) or between steps (async)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        self.worker.save_layer(self._meta(), layer_name)
+        self._worker_side().save_layer(self._meta(), layer_name)
 
     def wait_for_save(self) -> None:
-        self.worker.end_step(self._meta())
+        self._worker_side().end_step(self._meta())
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if isinstance(kv_connector_metadata, StepMetadata) and kv_connector_metadata.preempted:
-            self.worker.drain_saves()
+            self._worker_side().drain_saves()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return self.worker.finished(finished_req_ids)
+        return self._worker_side().finished(finished_req_ids)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self.worker.load_errors()
+        return self._worker_side().load_errors()
 
     def get_kv_connector_stats(self) -> TransferStats | None:
         """This side's counters since the last call; vLLM sums the scheduler's and the workers'."""
@@ -118,7 +124,7 @@ class KVStoreConnector(KVConnectorBase_V1):
     def build_prom_metrics(
         cls,
         vllm_config: VllmConfig,
-        metric_types: dict,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> TransferPromMetrics:
@@ -137,24 +143,30 @@ class KVStoreConnector(KVConnectorBase_V1):
     # -- scheduler side --------------------------------------------------------------------------
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
-        self.scheduler.set_naming({r: m for r, m in metadata.items() if isinstance(m, NamingHandshake)})
+        self._scheduler_side().set_naming({r: m for r, m in metadata.items() if isinstance(m, NamingHandshake)})
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return self.scheduler.num_new_matched_tokens(request, num_computed_tokens)
+        return self._scheduler_side().num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
-            self.scheduler.after_alloc(request, blocks.get_block_ids()[0], num_external_tokens)
+            self._scheduler_side().after_alloc(request, blocks.get_block_ids()[0], num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         manager = self._kv_cache_manager
-        return self.scheduler.build_meta(scheduler_output, lambda req_id: manager.get_block_ids(req_id)[0])
+
+        def block_ids_of(req_id: str) -> list[int]:
+            if manager is None:  # vLLM's scheduler binds its cache manager before the first step
+                raise RuntimeError("kvstore connector: no KV cache manager bound")
+            return manager.get_block_ids(req_id)[0]
+
+        return self._scheduler_side().build_meta(scheduler_output, block_ids_of)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        self.scheduler.load_errors(connector_output.invalid_block_ids or set())
+        self._scheduler_side().load_errors(connector_output.invalid_block_ids or set())
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        return self.scheduler.finished(request)
+        return self._scheduler_side().finished(request)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -166,7 +178,8 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        return extra_config.get("granularity", "layer") == "layer"
+        granularity: object = extra_config.get("granularity", "layer")
+        return granularity == "layer"
 
 
 def _served_name(name: Any) -> str:

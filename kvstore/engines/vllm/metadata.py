@@ -7,10 +7,16 @@ All of it crosses process boundaries (pickled by vLLM's executors): plain datacl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from prometheus_client import Counter
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata, KVConnectorMetadata
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
 from vllm.v1.metrics.utils import create_metric_per_engine
 
 
@@ -147,21 +153,24 @@ class TransferPromMetrics(KVConnectorPromMetrics):
     def __init__(
         self,
         vllm_config: Any,
-        metric_types: dict,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        # vLLM hands its counter class (prometheus' Counter or a stand-in with its interface) under
+        # Counter; its annotation widens that to any of Gauge, Counter and Histogram.
+        counter = cast("type[Counter]", self._counter_cls)
         self.counters = {
-            name: create_metric_per_engine(
-                self._counter_cls(name=f"vllm:kvstore_{name}", documentation=_HELP[name], labelnames=labelnames),
+            name: _per_engine(
+                counter(name=f"vllm:kvstore_{name}", documentation=_HELP[name], labelnames=labelnames),
                 per_engine_labelvalues,
             )
             for name in _COUNTERS + _SECONDS
         }
         # As kvstore's own client names them (kvstore_client_transfer_*), under vLLM's prefix.
         self.client = {
-            field: self._counter_cls(
+            field: counter(
                 name=f"vllm:kvstore_client_transfer_{field}",
                 documentation=doc,
                 labelnames=[*labelnames, "transport", "daemon", "direction"],
@@ -180,3 +189,9 @@ class TransferPromMetrics(KVConnectorPromMetrics):
                 self.client[field].labels(*self.per_engine_labelvalues[engine_idx], transport, daemon, direction).inc(
                     value
                 )
+
+
+def _per_engine(counter: Counter, per_engine_labelvalues: dict[int, list[object]]) -> dict[int, Counter]:
+    """vLLM's create_metric_per_engine for a counter: its children (`counter.labels(...)`) are of
+    the counter's class, which vLLM's annotation widens to any metric."""
+    return cast("dict[int, Counter]", create_metric_per_engine(counter, per_engine_labelvalues))

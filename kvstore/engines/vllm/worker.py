@@ -18,8 +18,8 @@ import torch
 
 from kvstore.client import KVClient, KVStoreError
 from kvstore.config import ClientConfig
-from kvstore.engines.codec import Granularity, KVBlockCodec, LoadResult, SaveResult, SchemeMismatch, layout_name
-from kvstore.engines.keys import KeyScheme
+from kvstore.engines.codec import KVBlockCodec, LoadResult, SaveResult, SchemeMismatch, layout_name
+from kvstore.engines.keys import Granularity, KeyScheme
 from kvstore.engines.vllm.config import ConnectorConfig
 from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata, TransferStats
 from kvstore.engines.vllm.save_batch import InFlightSaves
@@ -215,14 +215,14 @@ class WorkerSide:
             return
         layer = self._layer_of_name.get(layer_name)
         if layer is not None:
-            self._submit_save(meta.saves, layer)
+            self._submit_save(self.codec, meta.saves, layer)
 
     def end_step(self, meta: StepMetadata) -> None:
         """The forward pass is done. Synchronous saves: wait until this step's blocks are stored
         (by this step's saves, or by earlier ones still writing some of them), so a finished
         request's output goes out only after its KV is in kvstore."""
         if meta.saves and self.codec is not None and self.config.granularity is Granularity.BLOCK:
-            self._submit_save(meta.saves, None)
+            self._submit_save(self.codec, meta.saves, None)
         futures, self._step_saves = self._step_saves, []
         waits, self._step_waits = list(self._step_waits.values()), {}
         if self._step_deduped:
@@ -238,7 +238,7 @@ class WorkerSide:
                 earlier.result()
             self._collect_saves(futures)
 
-    def _submit_save(self, jobs: Sequence[BlockJob], layer: int | None) -> None:
+    def _submit_save(self, codec: KVBlockCodec, jobs: Sequence[BlockJob], layer: int | None) -> None:
         """Submit one put_many for `jobs`' blocks (of `layer`; None: whole blocks), each block
         once and none that a save in flight is already writing (save_batch.py)."""
         batch = self._in_flight.plan(jobs, layer)
@@ -248,7 +248,7 @@ class WorkerSide:
         if not batch.hashes:
             return
         layers = None if layer is None else [layer]
-        future = self._save_pool.submit(self.codec.save, batch.hashes, batch.block_ids, layers)
+        future = self._save_pool.submit(codec.save, batch.hashes, batch.block_ids, layers)
         self._in_flight.started(batch, layer, future)
         self._step_saves.append(future)
 
