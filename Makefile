@@ -22,11 +22,11 @@ test-quick: setup
 	.venv/bin/python -m pytest -q -m "not slow and not faults"
 
 lint: setup
-	.venv/bin/ruff check kvstore
-	.venv/bin/ruff format --check kvstore
+	.venv/bin/ruff check kvstore benchmarks
+	.venv/bin/ruff format --check kvstore benchmarks
 
 typecheck: setup
-	.venv/bin/mypy kvstore
+	.venv/bin/mypy kvstore benchmarks
 
 bench: setup
 	.venv/bin/kvstore bench

@@ -11,8 +11,8 @@ crashes is reported and the next still runs:
                pinned and pageable host-to-device copies and memcpy (kvstore/bench/gpu.py)
     ttft       the reference model at ~1B parameters, bf16, on the GPU: decode-side TTFT with KV
                from the store (DRAM tier, GPU tier) against recompute, 2K / 8K / 32K tokens
-               (kvstore/engines/ttft.py; dry run: the tiny config, short prompts, on the CPU)
-    metascale  the sharded-metadata scaling bench (python -m kvstore.bench.sharding) with 1, 2, 4, 8
+               (benchmarks/engines/ttft.py; dry run: the tiny config, short prompts, on the CPU)
+    metascale  the sharded-metadata scaling bench (python -m benchmarks.sharding) with 1, 2, 4, 8
                shards and 12 client processes: CPU per call, aggregate calls/s, match_prefix p50
 
 Everything goes to one JSON file, rewritten after each section: OUT/device_check.json.
@@ -39,7 +39,7 @@ SECTIONS = ("env", "tests", "copies", "ttft", "metascale")
 CAPS_S = {"env": 60, "tests": 240, "copies": 120, "ttft": 240, "metascale": 150}
 META_SCALING = [
     "-m",
-    "kvstore.bench.sharding",
+    "benchmarks.sharding",
     "--shards",
     "1,2,4,8",
     "--rounds",
@@ -142,7 +142,7 @@ def section_ttft(device: str, quick: bool) -> dict[str, Any]:
     from kvstore.config import ClientConfig
     from kvstore.engines.reference.device_model import DeviceModel, llama_1b, parameter_count
     from kvstore.engines.reference.model import ModelConfig, ReferenceModel
-    from kvstore.engines.ttft import TtftBench
+    from benchmarks.engines.ttft import TtftBench
 
     cuda = device == "cuda"
     config = llama_1b() if cuda else ModelConfig(max_positions=2048)
@@ -191,7 +191,7 @@ def section_metascale(device: str, quick: bool) -> dict[str, Any]:
     command = os.environ.get("KVSTORE_META_SCALING_CMD")  # another command to run instead
     if device == "cpu" and not command:
         raise SectionSkipped(
-            "the dry run does not run issue 15's scaling bench (2 cores here: python -m kvstore.bench.sharding)"
+            "the dry run does not run issue 15's scaling bench (2 cores here: python -m benchmarks.sharding)"
         )
     args = command.split() if command else [sys.executable, *META_SCALING]
     done = run_group(args, _left())

@@ -1,6 +1,8 @@
 """`kvstore bench`: the store's throughput, latency, server CPU and metadata cost against ceilings
-(memcpy, the raw loopback socket) and peer stores (Mooncake Store, Redis) measured in the same
-run, judged against the targets in targets.toml.
+(memcpy, the raw loopback socket) measured in the same run, judged against the targets in
+targets.toml. From a checkout, --compare also measures peer stores (Mooncake Store, Redis) in the
+same run: they are the repository's lab (benchmarks/peers, not installed), found through the
+plug-in point kvstore.bench.plugin.
 
 This module only declares the command's flags (it imports nothing heavy, so the CLI can build its
 parser cheaply); the measuring lives in kvstore.bench.runner and is imported when the command runs.
@@ -33,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PEERS",
         help="also measure these stores in the same run, comma-separated: mooncake (Mooncake Store: master + "
         "server + client processes on 127.0.0.1, tcp), redis (a redis-server the bench starts); prints "
-        "kvstore / peer ratios and judges the targets against them",
+        "kvstore / peer ratios and judges the targets against them. The peers live in the repository's "
+        "benchmarks/ (not installed with kvstore): run it from the root of a checkout",
     )
     parser.add_argument(
         "--tiers",

@@ -1,14 +1,17 @@
 """The human-readable report of a bench run: every measurement as median (min-max) of its
-repetitions, each peer beside kvstore, and every target of targets.toml, met or not.
+repetitions, each peer beside kvstore (the peer plug-in's section, kvstore.bench.plugin), and
+every target of targets.toml, met or not.
 
 A missed target is reported, never raised: the bench is a measurement, not a test.
 """
 
 from __future__ import annotations
 
-from kvstore.bench import compare, targets
-from kvstore.bench.fmt import fmt_size, fmt_spread, fmt_value, table
-from kvstore.bench.results import Baseline, Results, Spread
+from collections.abc import Callable
+
+from kvstore.bench import targets
+from kvstore.bench.fmt import fmt_size, fmt_spread, table
+from kvstore.bench.results import Results, Spread
 
 _OP_NOTE = "get: the reading client's first read of each key; get-warm: the same keys read again"
 
@@ -116,47 +119,6 @@ def _meta_memory(results: Results) -> str:
     )
 
 
-def render_peer(results: Results, base: Baseline) -> str:
-    """One peer beside kvstore: its numbers, each kvstore path's, and kvstore / peer."""
-    rows = compare.comparison(results, base)
-    paths = compare.kvstore_paths(results)
-    if any(r.what == "prefix match" for r in rows):
-        paths = [*paths, compare.KVSTORE_PREFIX_PATH]
-    headers = ["what", "size", "mode", "unit", base.path]
-    for path in paths:
-        headers += [path, "x"]
-    body = []
-    for r in rows:
-        cells = [r.what, fmt_size(r.size) if r.size else "-", r.mode, r.unit, fmt_value(r.baseline.median, r.unit)]
-        for path in paths:
-            value = r.values.get(path)
-            cells += ["-", "-"] if value is None else [fmt_value(value.median, r.unit), f"{r.ratios[path]:.2f}"]
-        body.append(cells)
-    return "\n".join(
-        [
-            f"{base.path} (medians; x = kvstore / {base.path}: > 1 kvstore moves more, < 1 for us kvstore is faster):",
-            table(headers, body, right=[False, True, False, False] + [True] * (len(headers) - 4)),
-        ]
-    )
-
-
-def render_comparison(results: Results) -> str:
-    lines = ["== kvstore vs peer stores (same run, same sizes, same loops) =="]
-    for b in results.baselines:
-        state = f"unavailable: {b.unavailable}" if b.unavailable else f"measured in {b.seconds:.0f} s"
-        lines.append(f"{b.name}: {state}\n  {b.setup}")
-    for base in compare.available(results):
-        lines.append(render_peer(results, base))
-    if results.ceilings:
-        by_name: dict[str, list[str]] = {}
-        for c in results.ceilings:
-            by_name.setdefault(c.name, []).append(f"{fmt_size(c.size)} {c.gbps.median:.2f}")
-        lines.append(
-            "ceilings (this run, medians): " + "; ".join(f"{n} {', '.join(v)} GB/s" for n, v in by_name.items())
-        )
-    return "\n".join(lines)
-
-
 def render_targets(results: Results) -> str:
     checks, missing = targets.judge(results)
     parts = []
@@ -185,7 +147,9 @@ def render_targets(results: Results) -> str:
     return "\n\n".join(parts)
 
 
-def render(results: Results) -> str:
+def render(results: Results, comparison: Callable[[Results], str] | None = None) -> str:
+    """The report; `comparison` renders the peers measured beside kvstore (the peer plug-in's,
+    kvstore.bench.plugin), shown after kvstore's own sections."""
     parts: list[str] = []
     for present, section in (
         (results.ceilings, _ceilings),
@@ -198,8 +162,8 @@ def render(results: Results) -> str:
     ):
         if present:
             parts.append(section(results))
-    if results.baselines:
-        parts.append(render_comparison(results))
+    if results.baselines and comparison is not None:
+        parts.append(comparison(results))
     for tier_result in results.tiers:
         from kvstore.bench import tiers
 

@@ -1,6 +1,7 @@
 """Runs the bench: the chosen sections in order, the store under test started for those that
 need it (unless --meta names one) and stopped before the others (peers are measured without
-kvstore's servers running), then the report and the JSON document."""
+kvstore's servers running), then the report and the JSON document. With --compare, the peers come
+from the repository's peer plug-in (kvstore.bench.plugin)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import traceback
 from dataclasses import asdict
 
-from kvstore.bench import compare, targets
+from kvstore.bench import plugin, targets
 from kvstore.bench import sections as _sections  # noqa: F401 - importing it registers the sections
 from kvstore.bench.context import SECTIONS, Context, progress
 from kvstore.bench.fmt import fmt_size
@@ -91,8 +92,9 @@ def document(options: BenchOptions, results: Results) -> dict[str, object]:
         "targets": to_json(checks),
         "not_judged": [asdict(m) for m in missing],
     }
-    if results.baselines:
-        doc["comparison"] = {b.path: to_json(compare.comparison(results, b)) for b in compare.available(results)}
+    comparison = plugin.comparison()
+    if results.baselines and comparison is not None:
+        doc["comparison"] = comparison.document(results)
     return doc
 
 
@@ -101,12 +103,15 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         options = options_from_args(args)
+        if options.compare:
+            plugin.load(options.compare)  # the peers: the repository's plug-in, registering them
     except (ValueError, KVStoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
     results, ok = run(options)
-    print(render(results), flush=True)
+    comparison = plugin.comparison()
+    print(render(results, comparison.render if comparison else None), flush=True)
     print(f"\nbench finished in {time.perf_counter() - started:.0f} s", flush=True)
     if options.json_path:
         with open(options.json_path, "w") as fh:

@@ -13,7 +13,7 @@ from typing import Any
 from kvstore.bench import ceilings, latency, metamem, store
 from kvstore.bench.context import Context, KVPath, progress, section
 from kvstore.bench.fmt import fmt_size
-from kvstore.bench.peers import PEERS, PeerSpec, peer
+from kvstore.bench.plugin import PEERS, PeerSpec, peer
 from kvstore.bench.results import Baseline, Skipped
 from kvstore.errors import KVStoreError
 
@@ -126,7 +126,8 @@ def peer_spec(ctx: Context) -> PeerSpec:
 
 @section("peers", needs_store=False)
 def run_peers(ctx: Context) -> None:
-    """Each --compare peer, measured like kvstore after kvstore's servers are stopped."""
+    """Each --compare peer (registered by the peer plug-in, kvstore.bench.plugin), measured like
+    kvstore after kvstore's servers are stopped."""
     spec = peer_spec(ctx)
     for name in ctx.options.compare:
         module = peer(name)

@@ -17,11 +17,12 @@ LOG_LEVEL_ENV = "KVSTORE_LOG_LEVEL"
 LOG_FORMAT_ENV = "KVSTORE_LOG_FORMAT"
 
 # Engine-side commands live in kvstore.engines; each module declares its own flags and is imported
-# only when its command runs.
+# only when its command runs. `demo` is the repository's (benchmarks/, not in the wheel): it runs
+# from a checkout.
 ENGINE_COMMANDS = {
     "engine": ("kvstore.engines.reference.cli", "a reference-engine instance: prefill, decode or colocated"),
     "route": ("kvstore.engines.router.cli", "the PD router: OpenAI-compatible front end over engine instances"),
-    "demo": ("kvstore.engines.demo", "store + router + prefill/decode/colocated instances, a workload, TTFT/TPOT"),
+    "demo": ("benchmarks.demo.scenarios", "store + router + prefill/decode/colocated instances, a workload, TTFT/TPOT"),
     "plan": ("kvstore.engines.plan", "capacity planner: KV bytes, instances, store size and links for a PD deployment"),
 }
 # The store's own commands: module (in kvstore.cli), one-line summary.
@@ -122,7 +123,17 @@ def _engine_command(argv: list[str]) -> tuple[str, list[str]] | None:
 
 def _run_engine_command(name: str, rest: list[str]) -> int:
     module_name, summary = ENGINE_COMMANDS[name]
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != "benchmarks":
+            raise
+        from kvstore.errors import Unavailable
+
+        raise Unavailable(
+            f"`kvstore {name}` runs the repository's benchmarks/, which the wheel does not ship: "
+            "run it from a kvstore checkout (python -m benchmarks.demo)"
+        ) from None
     parser = Parser(prog=f"kvstore {name}", description=summary)
     module.add_arguments(parser)
     result: int = module.run(parser.parse_args(rest))

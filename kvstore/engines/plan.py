@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     if args.measure:  # measured throughputs and SLO headroom: plan_measure.py
         from kvstore.engines import plan_measure
 
-        return plan_measure.run(args)
+        return plan_measure.run(args, model_from_args(args))
     try:
         plan = build_plan(args)
     except PlanError as exc:

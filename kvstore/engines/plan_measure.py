@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore.engines.fleet_sim import FleetLoad, StepCost, simulate_fleet
+from kvstore.engines.planner.fleet import FleetLoad, StepCost, simulate_fleet
+from kvstore.engines.planner.model import ModelShape
 from kvstore.engines.reference.scheduler import SchedulerConfig
 
 
@@ -269,9 +270,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-check", action="store_true", help="do not replay the plan in the fleet simulation")
 
 
-def run(args: argparse.Namespace) -> int:
-    """`kvstore plan --measure`; prints the measurements, the plan and its check."""
-    from kvstore.engines.plan import model_from_args
+def run(args: argparse.Namespace, shape: ModelShape) -> int:
+    """`kvstore plan --measure` for the model `shape` (the flags' preset or config.json); prints the
+    measurements, the plan and its check."""
     from kvstore.engines.planner.report import human_bytes
 
     batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
@@ -283,7 +284,6 @@ def run(args: argparse.Namespace) -> int:
         if args.instance
         else measure_in_process(args.input_tokens, args.output_tokens, batches, threads=args.threads)
     )
-    shape = model_from_args(args)
     print(f"model {shape.name}: KV per token {human_bytes(shape.kv_bytes_per_token)}")
     print(
         f"{source}: prefill {cost.prefill_tps:,.0f} tok/s; decode step "

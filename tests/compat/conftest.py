@@ -42,7 +42,7 @@ def mooncake_master() -> Iterator[str]:
     line; its RPC address. (It takes no port 0: the port is picked free just before.)"""
     if MOONCAKE_MISSING:
         pytest.skip("mooncake is not installed")
-    from kvstore.bench.peers.mooncake import master_binary
+    from benchmarks.peers.mooncake import master_binary
 
     rpc = _free_port()
     popen = subprocess.Popen([master_binary(), "--rpc_address=127.0.0.1", f"--rpc_port={rpc}",

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from kvstore.engines import demo
-from kvstore.engines.workload import MIXES, SHAPES, ShapedConfig, WorkloadConfig, make_shaped, make_workload
+from benchmarks.demo import scenarios as demo
+from benchmarks.demo.workload import MIXES, SHAPES, ShapedConfig, WorkloadConfig, make_shaped, make_workload
 
 
 def test_workload_keeps_its_shape_across_salts():

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from kvstore.engines import plan
-from kvstore.engines.fleet_sim import FleetLoad, StepCost, simulate_fleet
+from kvstore.engines.planner.fleet import FleetLoad, StepCost, simulate_fleet
 from kvstore.engines.plan_measure import (FleetWorkload, Objectives, PlanError, check, erlang_c, prefill_wait_s,
                                           size_fleet)
 

@@ -6,8 +6,8 @@ from kvstore.clock import FakeClock
 from kvstore.engines.router.policy import (CostModel, CostPolicy, DynamoPolicy, FixedPolicy, InstanceLoad, Pools,
                                            Route, RouteRequest)
 from kvstore.engines.router.telemetry import Telemetry
-from kvstore.engines.router.simulate import SimParams, simulate
-from kvstore.engines.workload import WorkloadConfig, make_workload
+from benchmarks.router_sim import SimParams, simulate
+from benchmarks.demo.workload import WorkloadConfig, make_workload
 
 POOLS = Pools(prefill=("P1", "P2"), decode=("D1", "D2"), colocated=("C",))
 MODEL = CostModel(kv_bytes_per_token=4096, default_bandwidth=1e9, default_prefill_tps=2000.0)

@@ -4,22 +4,25 @@ Only the shape of the report is checked; the numbers depend on the machine and a
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kvstore.bench import targets
 from kvstore.bench.results import Baseline, Ceiling, Latency, PrefixRate, Results, ServerCpu, Spread, Throughput
 
+REPO = Path(__file__).resolve().parents[2]  # the checkout: --compare's peers are its benchmarks/
 SPREAD = r"[\d.]+(?: [kM])?(?: \([\d.]+(?: [kM])?-[\d.]+(?: [kM])?\))?"  # median (min-max)
 
 
 def _bench(tmp_path, *args: str) -> tuple[str, dict, str]:
     out_json = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "kvstore.cli", "bench", "--quick", "--meta-blocks", "20000",
-                           "--json", str(out_json), *args], capture_output=True, text=True, timeout=400)
+                           "--json", str(out_json), *args], capture_output=True, text=True, timeout=400, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout, json.loads(out_json.read_text()), proc.stderr
 
@@ -81,6 +84,17 @@ def test_quick_bench_compares_with_mooncake_store_and_redis(tmp_path):
     assert [b["unavailable"] for b in doc["results"]["baselines"]] == [None, None]
     assert {"mooncake-store", "redis"} == set(doc["comparison"])
     assert any(r["op"] == "get-tiny" for r in doc["results"]["latency"] if r["path"] == "redis")
+
+
+def test_compare_outside_a_checkout_says_where_the_peers_are_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the checkout's root must not be on it
+    proc = subprocess.run([sys.executable, "-m", "kvstore.cli", "bench", "--quick", "--compare", "redis"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    if "No module named kvstore" in proc.stderr:
+        pytest.skip("kvstore is importable only through PYTHONPATH here")
+    assert proc.returncode == 2 and not proc.stdout, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: --compare ") and "benchmarks/" in line and "checkout" in line, line
 
 
 def _s(*values: float) -> Spread:

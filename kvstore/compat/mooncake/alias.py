@@ -21,8 +21,6 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-import kvstore
-
 ALIAS_PATH = str(Path(__file__).resolve().parent / "alias_path")
 _STAND_IN = os.path.join(ALIAS_PATH, "mooncake")
 
@@ -31,7 +29,7 @@ def search_path() -> list[str]:
     """What goes first on the module search path: the stand-in's directory, then, when kvstore
     runs from a source tree rather than an installed wheel, that tree (so a child process's
     `import kvstore` finds this kvstore, whatever else is installed)."""
-    root = str(Path(kvstore.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[3])  # kvstore/compat/mooncake/alias.py: the tree holding kvstore/
     installed = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
     return [ALIAS_PATH] if os.path.realpath(root) in installed else [ALIAS_PATH, root]
 

@@ -4,7 +4,7 @@ CUDA), KV written to and read from the same paged layout the reference engine an
 
 ReferenceModel is written for bit-exact determinism on the CPU and materializes every attention
 score, which a 32K-token prompt cannot afford; this one is what TTFT is measured with at real model
-sizes (kvstore/engines/ttft.py). It takes the very weights of ReferenceModel(config) (seeded on the CPU,
+sizes (benchmarks/engines/ttft.py). It takes the very weights of ReferenceModel(config) (seeded on the CPU,
 then moved), so the KV it makes is the model's; its numbers are not bit-identical to
 ReferenceModel.forward (other kernels, other rounding), only to themselves.
 """

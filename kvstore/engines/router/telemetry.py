@@ -13,10 +13,19 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from kvstore.engines.router.policy import CostModel
+
+class Defaults(Protocol):
+    """What telemetry reads of the cost model (router.policy.CostModel): its window and the
+    figures to use before anything was measured."""
+
+    @property
+    def window_s(self) -> float: ...
+    @property
+    def default_bandwidth(self) -> float: ...
+    @property
+    def default_prefill_tps(self) -> float: ...
 
 
 class _Rate:
@@ -67,7 +76,7 @@ class Telemetry:
     """Link bandwidth, prefill throughput and per-instance arrival rates, measured from recent
     requests."""
 
-    def __init__(self, model: CostModel, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: Defaults, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self._clock = clock
         self._link = _Rate(model.window_s, clock)

@@ -35,10 +35,10 @@ from typing import Any
 
 import httpx
 
-from kvstore.engines.goodput import SLO, Summary, follow_up_hits, summarize
+from benchmarks.demo.goodput import SLO, Summary, follow_up_hits, summarize
+from benchmarks.demo.loadgen import Outcome, Run, drive
+from benchmarks.demo.workload import MIXES, ShapedConfig, make_shaped
 from kvstore.engines.launch import Fleet
-from kvstore.engines.loadgen import Outcome, Run, drive
-from kvstore.engines.workload import MIXES, ShapedConfig, make_shaped
 
 SCENARIOS = ("colocated", "pd", "hybrid", "pd-failures")
 DEFAULT_RATES = {"rag": 2.5, "code": 4.0, "chat": 8.0, "mixed": 4.0}  # req/s: loaded, not overloaded, here
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             serial = _batching_vs_serial(fleet, meta, engine_args, urls["colocated-1"], args)
     failed = sum(len(r.outcomes) - sum(o.ok for o in r.outcomes) for r in runs.values())
     report = _report(runs, rates, workloads, scenarios, slo, serial)
-    from kvstore.engines.demo_plot import plot
+    from benchmarks.demo.plot import plot
 
     plot(runs, rates, slo, serial, args.plot)
     print(f"\nplot: {args.plot}")

@@ -1,7 +1,7 @@
 """How the metadata service scales with shards: service CPU per call, aggregate calls/s, and
 what a 32-key match_prefix costs an engine, for each shard count, in one run.
 
-    python -m kvstore.bench.sharding [--shards 1,2,4] [--rounds 3] [--clients 4] [--seconds 3] [--json]
+    python -m benchmarks.sharding [--shards 1,2,4] [--rounds 3] [--clients 4] [--seconds 3] [--json]
 
 For each S a store is started as `kvstore serve --shards S` (shards 1..S-1 are processes of their
 own; shard 0 and the daemon share the serving process) and filled with hashed keys and with

@@ -1,5 +1,5 @@
 """TTFT of a decode instance that loads a long prompt's KV from kvstore vs one that recomputes it
-(`python -m kvstore.engines.benchmark`).
+(`python -m benchmarks.engines.kv_load`).
 
 The store runs as its own process (`kvstore serve`), so the KV crosses a real data plane; the
 prefill and decode engines run in this process, one request at a time, alternating, and the
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvstore.engines.benchmark", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engines.kv_load", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -1,17 +1,28 @@
-"""kvstore beside each peer store measured in the same run (`--compare mooncake,redis`), as
-values: rows of the peer's numbers and kvstore's, per transport, with kvstore ÷ peer ratios of the
-medians. kvstore.bench.report renders them; targets.toml judges them.
+"""kvstore beside each peer store measured in the same run (`--compare mooncake,redis`): rows of
+the peer's numbers and kvstore's, per transport, with kvstore ÷ peer ratios of the medians; their
+section of the bench's report and their part of its JSON document (`comparison`), registered with
+the bench by the peer plug-in (benchmarks.peers). targets.toml judges them.
 
 Every ratio is kvstore ÷ peer, whatever the unit: above 1 kvstore moves more (GB/s, ops/s,
 keys/s); for latencies and CPU (µs) below 1 kvstore is faster or cheaper.
+
+From the root of a checkout, `kvstore bench --compare PEERS` runs it; so does
+
+    python -m benchmarks.compare [the flags of kvstore bench]
+
+which compares with every peer (mooncake,redis) unless --compare names some.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass, field
 
-from kvstore.bench.results import Baseline, Results, Spread, Throughput
+from kvstore.bench.fmt import fmt_size, fmt_value, table
+from kvstore.bench.results import Baseline, Results, Spread, Throughput, to_json
 
+ALL_PEERS = "mooncake,redis"  # benchmarks.peers.PEERS (not imported here: that package imports this module)
 OPS_UNIT_BELOW = 64 << 10  # smaller blocks are compared in ops/s rather than GB/s
 KVSTORE_PREFIX_PATH = "kvstore"
 
@@ -119,3 +130,69 @@ def comparison(results: Results, base: Baseline) -> list[ComparisonRow]:
         *cpu_rows(results, base),
         *prefix_rows(results, base),
     ]
+
+
+def document(results: Results) -> dict[str, object]:
+    """The JSON document's `comparison`: each available peer's rows, by its label."""
+    return {b.path: to_json(comparison(results, b)) for b in available(results)}
+
+
+def render_peer(results: Results, base: Baseline) -> str:
+    """One peer beside kvstore: its numbers, each kvstore path's, and kvstore / peer."""
+    rows = comparison(results, base)
+    paths = kvstore_paths(results)
+    if any(r.what == "prefix match" for r in rows):
+        paths = [*paths, KVSTORE_PREFIX_PATH]
+    headers = ["what", "size", "mode", "unit", base.path]
+    for path in paths:
+        headers += [path, "x"]
+    body = []
+    for r in rows:
+        cells = [r.what, fmt_size(r.size) if r.size else "-", r.mode, r.unit, fmt_value(r.baseline.median, r.unit)]
+        for path in paths:
+            value = r.values.get(path)
+            cells += ["-", "-"] if value is None else [fmt_value(value.median, r.unit), f"{r.ratios[path]:.2f}"]
+        body.append(cells)
+    return "\n".join(
+        [
+            f"{base.path} (medians; x = kvstore / {base.path}: > 1 kvstore moves more, < 1 for us kvstore is faster):",
+            table(headers, body, right=[False, True, False, False] + [True] * (len(headers) - 4)),
+        ]
+    )
+
+
+def render_comparison(results: Results) -> str:
+    """The report's section of kvstore beside its peers."""
+    lines = ["== kvstore vs peer stores (same run, same sizes, same loops) =="]
+    for b in results.baselines:
+        state = f"unavailable: {b.unavailable}" if b.unavailable else f"measured in {b.seconds:.0f} s"
+        lines.append(f"{b.name}: {state}\n  {b.setup}")
+    for base in available(results):
+        lines.append(render_peer(results, base))
+    if results.ceilings:
+        by_name: dict[str, list[str]] = {}
+        for c in results.ceilings:
+            by_name.setdefault(c.name, []).append(f"{fmt_size(c.size)} {c.gbps.median:.2f}")
+        lines.append(
+            "ceilings (this run, medians): " + "; ".join(f"{n} {', '.join(v)} GB/s" for n, v in by_name.items())
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`kvstore bench` with --compare defaulting to every peer; the bench loads the peers itself."""
+    from kvstore.bench import add_arguments, runner
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare",
+        description="kvstore bench with peer stores measured beside kvstore (default: --compare " + ALL_PEERS + ")",
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.compare = args.compare or ALL_PEERS
+    result: int = runner.main(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

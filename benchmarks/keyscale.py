@@ -7,7 +7,7 @@ at 10^4, 10^5 and 10^6 keys of someone else's:
 
 Prints min/median/max of 3 rounds per figure.
 
-    python -m kvstore.bench.keyscale [KEYS ...]
+    python -m benchmarks.keyscale [KEYS ...]
 """
 
 from __future__ import annotations

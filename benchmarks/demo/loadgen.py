@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.demo.workload import WorkItem
 from kvstore.engines.metrics import RequestMetrics
 from kvstore.engines.serving import iter_sse, sse_lines
-from kvstore.engines.workload import WorkItem
 
 
 @dataclass

@@ -4,8 +4,8 @@ on the mixed workload."""
 
 from __future__ import annotations
 
-from kvstore.engines.goodput import SLO, summarize
-from kvstore.engines.loadgen import Run
+from benchmarks.demo.goodput import SLO, summarize
+from benchmarks.demo.loadgen import Run
 
 COLORS = {"colocated": "tab:red", "pd": "tab:blue", "hybrid": "tab:green", "pd-failures": "tab:gray"}
 

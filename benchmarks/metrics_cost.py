@@ -1,6 +1,6 @@
 """What metrics cost on the hot path: exists and get p50 with metrics on vs off, in the same run.
 
-    python -m kvstore.bench.metrics_cost [--rounds 3] [--calls 300] [--size 4096] [--transports shm]
+    python -m benchmarks.metrics_cost [--rounds 3] [--calls 300] [--size 4096] [--transports shm]
 
 Two stores run side by side, one with every metric on (the service's, the daemon's on its own
 port, the client's) and one with all of them off, each with a client in this process. Calls
@@ -98,7 +98,7 @@ def run(rounds: int, calls: int, size: int, transports: tuple[str, ...], control
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m kvstore.bench.metrics_cost",
+        prog="python -m benchmarks.metrics_cost",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,5 +1,5 @@
 """Replay a workload through a routing policy over simulated instances: policies compared on the
-same requests, with no machine noise (`python -m kvstore.engines.router.simulate`).
+same requests, with no machine noise (`python -m benchmarks.router_sim`).
 
 Instances serve one request at a time, first come first served, as the reference engine does.
 A prompt costs tokens / prefill_tps, a decode step tpot_s, a KV transfer bytes / bandwidth (saves
@@ -19,10 +19,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.demo.workload import WorkItem, WorkloadConfig, make_workload
 from kvstore.engines.keys import KeyScheme
 from kvstore.engines.router.policy import CostModel, InstanceLoad, Pools, Route, RouteRequest, make_policy
 from kvstore.engines.router.telemetry import Telemetry
-from kvstore.engines.workload import WorkItem, WorkloadConfig, make_workload
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def simulate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvstore.engines.router.simulate", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.router_sim", description=__doc__)
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--rates", default="0.5,1,1.5,2,3", help="request rates to try, req/s")
     p.add_argument("--bandwidth", type=float, default=SimParams.bandwidth, help="bytes/s")

@@ -3,7 +3,7 @@ authentication on, with TLS on the control plane (gRPC and the fast lane), and w
 data plane too (the tls transport), each as a ratio to the same measurements with
 authentication off, on this machine, in the same run.
 
-    python -m kvstore.bench.security_cost [--rounds 3] [--calls 1000] [--json]
+    python -m benchmarks.security_cost [--rounds 3] [--calls 1000] [--json]
 
 Four stores run side by side (auth off; auth on; auth + TLS control plane; auth + TLS on both
 planes), each with a client in this process over tcp (tls for the last). Calls go to the four
@@ -157,7 +157,7 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvstore.bench.security_cost", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.security_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=1000, help="exists and get calls per store and round")

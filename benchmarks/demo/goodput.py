@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvstore.engines.loadgen import Outcome, Run
+from benchmarks.demo.loadgen import Outcome, Run
 
 
 @dataclass(frozen=True)

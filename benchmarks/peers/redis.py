@@ -22,7 +22,7 @@ import numpy as np
 from kvstore.bench import latency, store
 from kvstore.bench.cpu import CpuMeter
 from kvstore.bench.fmt import fmt_size
-from kvstore.bench.peers import PeerOutcome, PeerSpec, Progress
+from kvstore.bench.plugin import PeerOutcome, PeerSpec, Progress
 from kvstore.bench.results import Latency, Spread
 
 PATH = "redis"

@@ -1,7 +1,7 @@
 """Failover cost: how long a service taking over spends restoring one segment's blocks from the
 journal's records (the allocator reserving every replica's range, the index taking every key).
 
-`python -m kvstore.bench.takeover [BLOCKS ...]` prints min/median/max seconds of RUNS restores
+`python -m benchmarks.takeover [BLOCKS ...]` prints min/median/max seconds of RUNS restores
 per size (default 10^4, 10^5, 10^6 blocks). The blocks fill the segment in a key order unrelated
 to their offsets, as a journal lists them, so the free list fragments while ranges are reserved.
 """

@@ -1,9 +1,9 @@
 """The Mooncake Store processes of `kvstore bench --compare mooncake` (started by
-kvstore.bench.peers.mooncake).
+benchmarks.peers.mooncake).
 
-    python -m kvstore.bench.peers.mooncake_proc server --master HOST:PORT --segment BYTES
-    python -m kvstore.bench.peers.mooncake_proc client --master HOST:PORT --spec JSON --limits JSON
-    python -m kvstore.bench.peers.mooncake_proc exec PROGRAM [ARGS...]
+    python -m benchmarks.peers.mooncake_proc server --master HOST:PORT --segment BYTES
+    python -m benchmarks.peers.mooncake_proc client --master HOST:PORT --spec JSON --limits JSON
+    python -m benchmarks.peers.mooncake_proc exec PROGRAM [ARGS...]
 
 `server` sets up a MooncakeDistributedStore that contributes a global segment, says ready, and
 closes when its stdin does. `client` contributes no memory and measures through `MooncakeTarget`
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from kvstore.bench.peers import PeerSpec
+    from kvstore.bench.plugin import PeerSpec
 
 KiB, MiB = 1 << 10, 1 << 20
 PREFAULT_BLOCK = 16 * MiB
@@ -287,11 +287,11 @@ def _result(channel: Channel, result: Any) -> None:
 
 
 def run_client(channel: Channel, master: str, spec_json: str, limits_json: str) -> int:
+    from benchmarks.peers.mooncake import PATH, MooncakeLimits
     from kvstore.bench import latency, store
     from kvstore.bench.cpu import CpuMeter
     from kvstore.bench.fmt import fmt_size
-    from kvstore.bench.peers import PeerSpec
-    from kvstore.bench.peers.mooncake import PATH, MooncakeLimits
+    from kvstore.bench.plugin import PeerSpec
 
     spec = PeerSpec.from_json(spec_json)
     limits = MooncakeLimits.from_json(limits_json)
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     if argv[:1] == ["exec"] and len(argv) > 1:
         os.execv(argv[1], argv[1:])
-    ap = argparse.ArgumentParser(prog="python -m kvstore.bench.peers.mooncake_proc")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.peers.mooncake_proc")
     ap.add_argument("role", choices=["server", "client"])
     ap.add_argument("--master", required=True)
     ap.add_argument("--segment", type=int, default=0)

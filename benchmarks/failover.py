@@ -2,7 +2,7 @@
 put its standby acknowledges, at the default TTLs. Real processes: a redis-server (AOF on), two
 `kvstore meta` on it, one daemon, and a client that puts distinct bytes in a loop from the kill on.
 
-`python -m kvstore.bench.failover [RUNS]` prints min/median/max of RUNS (default 3) failovers.
+`python -m benchmarks.failover [RUNS]` prints min/median/max of RUNS (default 3) failovers.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-from kvstore.bench.peers.redis import RedisServer
+from benchmarks.peers.redis import RedisServer
 from kvstore.bench.procs import ServerProcess
 from kvstore.config import ClientConfig, random_secret
 from kvstore.errors import KVStoreError

@@ -39,12 +39,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvstore.bench.fmt import fmt_size
-from kvstore.bench.peers import PeerOutcome, PeerSpec, Progress
+from kvstore.bench.plugin import PeerOutcome, PeerSpec, Progress
 from kvstore.bench.results import Skipped, from_message
 
 PATH = "mooncake-store"  # the label of its results
 PARENT_ENV = "KVSTORE_BENCH_PARENT_PID"  # children die with this process (mooncake_proc)
-CHILD_MODULE = "kvstore.bench.peers.mooncake_proc"
+CHILD_MODULE = "benchmarks.peers.mooncake_proc"
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds benchmarks/
 
 _GLOG = re.compile(r"^([IWEF])\d{4} |^WARNING: Logging before")  # glog's line prefix: severity, MMDD
 _BENIGN = ("Local segment descriptor not found",)  # logged as an error by every healthy engine
@@ -114,6 +115,7 @@ class _Child:
         self.name = name
         self.log_path = os.path.join(log_dir, f"{name}.log")
         env = dict(os.environ, **{PARENT_ENV: str(os.getpid())}, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (CHECKOUT, env.get("PYTHONPATH")) if p)  # for -m benchmarks.…
         with open(self.log_path, "wb") as log:
             try:
                 self.popen = subprocess.Popen(

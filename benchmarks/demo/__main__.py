@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.demo.scenarios import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Engine-side measures: the KV load path against recomputing (kv_load) and TTFT on a device (ttft)."""
