@@ -11,7 +11,8 @@ MODE=${1:-all}
 [[ $MODE == store || $MODE == all ]] || { echo "usage: scripts/setup.sh [store|all]" >&2; exit 2; }
 PY=${PYTHON:-python3}
 STAMP=.venv/.kvstore-setup-$MODE
-want="$(sha256sum pyproject.toml scripts/setup.sh scripts/install_vllm.sh scripts/install_lmcache.sh | sha256sum | cut -c1-16)"
+want="$(sha256sum pyproject.toml constraints/ci.txt scripts/setup.sh scripts/install_vllm.sh scripts/install_lmcache.sh \
+  | sha256sum | cut -c1-16)"
 if [[ -f $STAMP && $(cat $STAMP) == "$want" ]]; then
   exit 0
 fi
@@ -36,8 +37,9 @@ if .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit('editable'
   .venv/bin/python -m pip uninstall -q -y kvstore 2>&1 | grep -v "^WARNING: Location" || true
 fi
 
+# pyproject.toml states ranges; constraints/ci.txt pins the versions the project is tested with.
 if [[ $MODE == store ]]; then
-  pip_install -e .
+  pip_install -c constraints/ci.txt -e .
   .venv/bin/python -c "import kvstore.client, kvstore.cli, grpc, numpy, xxhash" \
     || { echo "setup: kvstore does not import after install" >&2; exit 1; }
   echo "$want" > $STAMP
@@ -60,12 +62,12 @@ if ((${#missing[@]})); then
     "${missing[@]}" >/dev/null
 fi
 
-# torch is pinned (in the engines extra): 2.13.0 is the CPU build; unpinned pulls a CUDA build.
-pip_install -e ".[dev,engines,mooncake,ucx]"
+# Every extra; torch is pinned by the constraints: 2.13.0 is the CPU build, unpinned pulls a CUDA build.
+pip_install -c constraints/ci.txt -e ".[dev,engines,mooncake,ucx,ha,events,top]"
 # vLLM's CPU build for the vLLM connector's end-to-end tests (and SGLang's wheel, unpacked).
 bash scripts/install_vllm.sh
 bash scripts/install_lmcache.sh   # LMCache (--no-deps, pinned) for kvstore.compat.lmcache's tests
-.venv/bin/python -c "import kvstore.client, grpc, numpy, xxhash" \
+.venv/bin/python -c "import kvstore.client, grpc, numpy, xxhash, redis, zmq, msgpack, rich" \
   || { echo "setup: kvstore does not import after install" >&2; exit 1; }
 echo "$want" > $STAMP
 echo "setup: done (.venv)"

@@ -195,8 +195,13 @@ def meta_source(address: str) -> tuple[Callable[[], Snapshot], Callable[[], None
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.live import Live
+    try:
+        from rich.console import Console
+        from rich.live import Live
+    except ImportError as exc:
+        from kvstore.errors import Unavailable
+
+        raise Unavailable(f"kvstore top needs rich ({exc}): pip install 'kvcachestore[top]'") from exc
 
     close: Callable[[], None] = lambda: None  # noqa: E731
     if args.admin:

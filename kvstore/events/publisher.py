@@ -20,13 +20,18 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import zmq
-
 from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.events import wire
 from kvstore.events.feed import Transition
 from kvstore.logs import RateLimited
+
+try:
+    import zmq
+except ImportError as exc:  # no [events] extra: ZmqPublisher says so
+    _MISSING: ImportError | None = exc
+else:
+    _MISSING = None
 
 log = logging.getLogger(__name__)
 _bad_request = RateLimited(log)
@@ -49,6 +54,7 @@ class ZmqPublisher:
     replay thread and opens the first epoch."""
 
     def __init__(self, config: MetaConfig, clock: Clock | None = None) -> None:
+        wire.require(_MISSING)
         self._clock = clock or SystemClock()
         self._topic = config.events_topic.encode()
         self._packer = wire.EventPacker(config.events_block_size)

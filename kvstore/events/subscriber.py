@@ -16,10 +16,15 @@ import logging
 import threading
 from typing import Any, NamedTuple, Protocol
 
-import zmq
-
 from kvstore.events import wire
 from kvstore.logs import RateLimited
+
+try:
+    import zmq
+except ImportError as exc:  # no [events] extra: EventSubscriber says so (the indexer imports this module)
+    _MISSING: ImportError | None = exc
+else:
+    _MISSING = None
 
 log = logging.getLogger(__name__)
 _odd = RateLimited(log, 30.0)
@@ -52,6 +57,7 @@ class EventSubscriber:
         topic: str = "",
         replay_timeout_s: float = 2.0,
     ) -> None:
+        wire.require(_MISSING)
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self._handler = handler

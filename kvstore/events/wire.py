@@ -18,9 +18,15 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import msgpack
-
+from kvstore.errors import Unavailable
 from kvstore.types import Tier
+
+try:
+    import msgpack
+except ImportError as exc:  # no [events] extra: the types still import (the indexer's own table needs no more)
+    _MISSING: ImportError | None = exc
+else:
+    _MISSING = None
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 # vLLM's names (MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE in vllm.distributed.kv_events).
@@ -59,6 +65,13 @@ class Batch(NamedTuple):
 
 class Undecodable(ValueError):
     """A payload that is not a vLLM EventBatch."""
+
+
+def require(missing: ImportError | None = None) -> None:
+    """Where KV events start (ZmqPublisher, EventSubscriber): Unavailable, naming the [events]
+    extra, if msgpack or the caller's pyzmq (`missing`) did not import."""
+    if cause := missing or _MISSING:
+        raise Unavailable(f"KV events need pyzmq and msgpack ({cause}): pip install 'kvcachestore[events]'") from cause
 
 
 def seq_bytes(seq: int) -> bytes:

@@ -35,7 +35,7 @@ def connect(url: str, timeout_s: float = 2.0) -> Any:
         import redis
         from redis.cluster import RedisCluster
     except ImportError as exc:
-        raise Unavailable("metadata on Redis needs redis-py: pip install 'kvstore[redis]'") from exc
+        raise Unavailable(f"metadata on Redis needs redis-py ({exc}): pip install 'kvcachestore[ha]'") from exc
     try:
         client: Any = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         info = client.info("cluster")

@@ -35,7 +35,7 @@ class GpuSegment(SegmentStorage):
         try:
             import torch
         except ImportError as exc:
-            raise Unavailable("a GPU tier needs torch: pip install 'kvstore[torch]' (a CUDA build)") from exc
+            raise Unavailable(f"a GPU tier needs torch, a CUDA build ({exc}): pip install torch") from exc
         if device == HOST_STAND_IN:
             log.warning("GPU segment %s is a stand-in in host memory (gpu_device=-1): for tests only", segment_id)
             self.device = torch.device("cpu")
