@@ -7,7 +7,6 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
@@ -15,7 +14,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvstore import tokens
-from kvstore.admin.http import AdminLimits, AdminServer, Response
+from kvstore.admin.http import Response
 from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import KVStoreError, PermissionDenied, Unavailable, to_grpc_status
@@ -25,9 +24,8 @@ from kvstore.meta.ha import Replicated, Single, Stores
 from kvstore.meta.journal import Journal
 from kvstore.meta.shardmap import directory
 from kvstore.meta.store import MetaStore
-from kvstore.results import StoreStats
 from kvstore.server.auth import Authenticator
-from kvstore.server.events import ServiceEvents
+from kvstore.server.faces import Faces
 from kvstore.server.fastlane import FastLaneServer
 from kvstore.server.handlers import MetaHandlers
 from kvstore.shards import ShardSpec
@@ -35,8 +33,7 @@ from kvstore.tls import TlsFiles, grpc_server_credentials, server_context
 from kvstore.wire import convert, frames
 
 if TYPE_CHECKING:
-    from kvstore.metrics.history import History
-    from kvstore.metrics.meta import ServiceMetrics
+    pass
 
 log = logging.getLogger(__name__)
 HISTORY_INTERVAL_S = 2.0  # how often the service samples its statistics (dashboard rates, events)
@@ -105,20 +102,6 @@ def grpc_handler(handlers: MetaHandlers, auth: Authenticator) -> grpc.GenericRpc
     return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
 
-def _current_stats(stores: Stores) -> Callable[[], StoreStats | None]:
-    """The statistics of the store that answers at the moment of the call (what metrics and the
-    dashboard read): a takeover swaps the store, and a standby has none (None)."""
-
-    def stats() -> StoreStats | None:
-        store = stores.current()
-        if store is None:
-            return None
-        unchecked = bool(getattr(stores, "durability_gap", ""))
-        return replace(store.stats(), durability_unchecked=True) if unchecked else store.stats()
-
-    return stats
-
-
 def _why_no_store(stores: Stores) -> Callable[[], KVStoreError]:
     """What a tenant token's call hears where no store (so no tenant registry) answers: a
     standby's NotLeader naming the leader, or a leader's Unavailable while it loads."""
@@ -131,19 +114,6 @@ def _why_no_store(stores: Stores) -> Callable[[], KVStoreError]:
         return Unavailable("this metadata service is loading its tenants: retry")
 
     return why
-
-
-def _observability(config: MetaConfig, stats: Callable[[], StoreStats | None]) -> tuple[ServiceMetrics | None, History]:
-    """The service's metrics (None when off) and its history of samples (always: it also logs
-    daemons coming and going, and eviction pressure)."""
-    from kvstore.metrics.history import History
-
-    metrics = None
-    if config.metrics:
-        from kvstore.metrics.meta import ServiceMetrics
-
-        metrics = ServiceMetrics(stats)
-    return metrics, History(stats, metrics.lookups if metrics else dict, config.high_watermark)
 
 
 class MetaServer:
@@ -186,11 +156,11 @@ class MetaServer:
             self.stores = Replicated(config, signer, config.advertise or self.address, clock, make)
         else:
             self.stores = Single(MetaStore(config, signer, clock))
-        stats = _current_stats(self.stores)
-        self.metrics, self.history = _observability(config, stats)
+        faces = Faces(config, self.stores, clock)
+        self.metrics, self.history = faces.metrics, faces.history
         redis = self.stores.redis if isinstance(self.stores, Replicated) else None
         self.shards = directory(config, config.advertise or self.address, redis)
-        handlers = MetaHandlers(self.stores, self.metrics, ShardSpec.parse(config.shard), self.shards)
+        self.handlers = handlers = MetaHandlers(self.stores, self.metrics, ShardSpec.parse(config.shard), self.shards)
         stores = self.stores
         self.auth = Authenticator(
             config.auth,
@@ -204,17 +174,8 @@ class MetaServer:
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._ticker = threading.Thread(target=self._tick_loop, name="meta-tick", daemon=True)
-        self.admin: AdminServer | None = None
-        if config.admin_port >= 0:
-            limits = AdminLimits(config.admin_request_timeout_s, config.admin_max_connections)
-            self.admin = AdminServer(config.admin_host, config.admin_port, self._operator, limits)
-            # An O(N) walk under the store's lock: the operator's call only, as the writes are.
-            self.admin.route("GET", "/debug/invariants", self._invariants, guarded=True)
-            from kvstore.dashboard.routes import mount
-
-            registry, lookups = (self.metrics.registry, self.metrics.lookups) if self.metrics else (None, dict)
-            mount(self.admin, stats, self.history, registry, lookups)
-        self.events = ServiceEvents(config, self.admin, clock) if ServiceEvents.wanted(config, self.admin) else None
+        self.admin = faces.admin_face(self._operator, self._invariants)
+        self.events = faces.events(self.admin)
         self._fast_lane: FastLaneServer | None = None
         if config.fast_lane:
             self._fast_lane = FastLaneServer(
