@@ -8,16 +8,18 @@ The same processes by hand: `kvstore serve`, `kvstore engine --role prefill --me
 """
 
 import random
+from typing import Any
 
 import httpx
 
 from kvstore.engines.launch import Fleet
 
 
-def complete(url: str, tokens: list[int]) -> dict:
+def complete(url: str, tokens: list[int]) -> dict[str, Any]:
     resp = httpx.post(f"{url}/v1/completions", json={"prompt": tokens, "max_tokens": 8}, timeout=120)
     resp.raise_for_status()
-    return resp.json()
+    answer: dict[str, Any] = resp.json()
+    return answer
 
 
 def main() -> int:

@@ -1,5 +1,6 @@
 """Store KV blocks and read them back from Python.
 
+Run it as:
     python examples/store_from_python.py                    # starts its own `kvstore serve`
     python examples/store_from_python.py --meta HOST:PORT   # uses a running store
 """

@@ -136,13 +136,13 @@ def section_copies(device: str, quick: bool) -> dict[str, Any]:
 def section_ttft(device: str, quick: bool) -> dict[str, Any]:
     import torch
 
+    from benchmarks.engines.ttft import TtftBench
     from kvstore.bench.procs import LocalStore
     from kvstore.client import KVClient
     from kvstore.client.staging import HostStaging
     from kvstore.config import ClientConfig
     from kvstore.engines.reference.device_model import DeviceModel, llama_1b, parameter_count
     from kvstore.engines.reference.model import ModelConfig, ReferenceModel
-    from benchmarks.engines.ttft import TtftBench
 
     cuda = device == "cuda"
     config = llama_1b() if cuda else ModelConfig(max_positions=2048)
@@ -161,7 +161,10 @@ def section_ttft(device: str, quick: bool) -> dict[str, Any]:
         "results": [],
     }
     gpu_env = {} if cuda else {"KVSTORE_DAEMON_GPU_DEVICE": "-1"}
-    stores = (("dram tier over shm", (), {}), ("gpu tier over tcp", ("--gpu", str(kv)), gpu_env))
+    stores: tuple[tuple[str, tuple[str, ...], dict[str, str]], ...] = (
+        ("dram tier over shm", (), {}),
+        ("gpu tier over tcp", ("--gpu", str(kv)), gpu_env),
+    )
     for label, args, env in stores:
         dram = kv if not args else 256 << 20
         with LocalStore(dram, min(dram, 1 << 30), args, env=env) as store:
@@ -343,6 +346,7 @@ def run_section(name: str, device: str, quick: bool, timeout: float) -> dict[str
             cmd.append("--quick")
         done = run_group(cmd, timeout)
         sys.stderr.write(done.stderr[-4000:])
+        record: dict[str, Any]
         if done.returncode == -9:
             record = {
                 "status": "timeout",

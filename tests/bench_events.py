@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from kvstore.bench.context import ClientTarget
 from kvstore.bench.store import SourcePool, ThroughputPlan, measure_batched, measure_single
@@ -30,7 +30,7 @@ from kvstore.config import ClientConfig, parse_size
 from kvstore.events import wire
 from kvstore.events.block_ids import block_ref
 from kvstore.events.subscriber import EventSubscriber
-from tests.cluster import ADMIN_TOKEN, Cluster, wait_until
+from tests.cluster import ADMIN_TOKEN, Cluster, found, wait_until
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -61,7 +61,7 @@ class Counter:
         pass
 
 
-def one_run(events: bool, size: int, args: argparse.Namespace, tag: str) -> dict:
+def one_run(events: bool, size: int, args: argparse.Namespace, tag: str) -> dict[str, Any]:
     cluster = Cluster()
     env = {"KVSTORE_LOG_LEVEL": "INFO"} | ({"KVSTORE_META_EVENTS_PORT": "0"} if events else {})
     counter, sub = Counter(), None
@@ -69,10 +69,9 @@ def one_run(events: bool, size: int, args: argparse.Namespace, tag: str) -> dict
         proc, meta = cluster.meta(env)
         cluster.daemon(meta, "1GiB")
         if events and not args.no_subscriber:
-            endpoint, replay = re.search(r"KV events: epoch \d+ on (\S+) \(replay (\S+)\)",
-                                         "".join(proc.lines)).groups()
+            endpoint, replay = found(r"KV events: epoch \d+ on (\S+) \(replay (\S+)\)", "".join(proc.lines)).groups()
             sub = EventSubscriber(endpoint, counter, replay).start()
-        out: dict = {"events": events}
+        out: dict[str, Any] = {"events": events}
         with KVClient(meta, ClientConfig(transports=("shm", "tcp"))) as client:
             if sub is not None:
                 n = 0
@@ -85,25 +84,35 @@ def one_run(events: bool, size: int, args: argparse.Namespace, tag: str) -> dict
 
                 wait_until(joined, what="the subscriber to join")
             target, pool = ClientTarget(client), SourcePool(2 * args.ops * size)
-            plan = ThroughputPlan(phase_bytes=args.ops * size, max_single_ops=args.ops // 8, max_rounds=64,
-                                  time_cap_s=600.0)
+            plan = ThroughputPlan(
+                phase_bytes=args.ops * size, max_single_ops=args.ops // 8, max_rounds=64, time_cap_s=600.0
+            )
             for load in ("bench", "puts"):
                 cpu0, ev0, t0 = cpu_s(proc.pid), counter.events, time.perf_counter()
                 if load == "bench":
-                    results = (measure_single(target, target, "shm", size, plan, f"{tag}/s", pool)
-                               + measure_batched(target, target, "shm", size, plan, f"{tag}/b", pool))
+                    results = measure_single(target, target, "shm", size, plan, f"{tag}/s", pool) + measure_batched(
+                        target, target, "shm", size, plan, f"{tag}/b", pool
+                    )
                     puts = sum(r.ops for r in results if r.op == "put")
                 else:
                     keys = [f"{tag}/p/{i}" for i in range(args.ops)]
                     for i in range(0, len(keys), 256):  # distinct bytes per key
-                        client.put_many(keys[i:i + 256], [pool.value(j, size) for j in range(i, min(i + 256, len(keys)))])
+                        client.put_many(
+                            keys[i : i + 256], [pool.value(j, size) for j in range(i, min(i + 256, len(keys)))]
+                        )
                     puts = len(keys)
                 wall = time.perf_counter() - t0
                 if sub is not None:  # the load's last events, published within milliseconds
-                    wait_until(lambda: counter.events - ev0 >= puts, what="the load's events")
+                    wait_until(lambda ev0=ev0, puts=puts: counter.events - ev0 >= puts, what="the load's events")
                 cpu = cpu_s(proc.pid) - cpu0
-                out[load] = {"puts": puts, "wall_s": wall, "service_cpu_s": cpu, "cpu_us_per_put": cpu / puts * 1e6,
-                             "events": counter.events - ev0, "events_per_s": (counter.events - ev0) / wall}
+                out[load] = {
+                    "puts": puts,
+                    "wall_s": wall,
+                    "service_cpu_s": cpu,
+                    "cpu_us_per_put": cpu / puts * 1e6,
+                    "events": counter.events - ev0,
+                    "events_per_s": (counter.events - ev0) / wall,
+                }
             if sub is not None:
                 lags = []
                 for i in range(args.lag_samples):
@@ -138,26 +147,33 @@ def main() -> int:
     args = p.parse_args()
     os.environ.setdefault("KVSTORE_TOKEN", ADMIN_TOKEN)  # the operator's token the Cluster's services take
     size = parse_size(args.size)
-    runs: list[tuple[dict, dict]] = []
+    runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for r in range(args.runs):
         modes = [False, True] if r % 2 == 0 else [True, False]
         got = {m: one_run(m, size, args, f"r{r}-{int(m)}") for m in modes}
         runs.append((got[False], got[True]))
         for load in ("bench", "puts"):
             off, on = got[False][load], got[True][load]
-            print(f"run {r} {load:5s}: off {off['cpu_us_per_put']:.1f} us/put ({off['puts'] / off['wall_s']:.0f} puts/s)"
-                  f"  on {on['cpu_us_per_put']:.1f} us/put ({on['puts'] / on['wall_s']:.0f} puts/s, "
-                  f"{on['events_per_s']:.0f} events/s)  extra {on['cpu_us_per_put'] / off['cpu_us_per_put'] - 1:+.1%}",
-                  flush=True)
+            print(
+                f"run {r} {load:5s}: off {off['cpu_us_per_put']:.1f} us/put ({off['puts'] / off['wall_s']:.0f} puts/s)"
+                f"  on {on['cpu_us_per_put']:.1f} us/put ({on['puts'] / on['wall_s']:.0f} puts/s, "
+                f"{on['events_per_s']:.0f} events/s)  extra {on['cpu_us_per_put'] / off['cpu_us_per_put'] - 1:+.1%}",
+                flush=True,
+            )
         if "lag_ms" in got[True]:
-            print(f"run {r} lag: median {got[True]['lag_ms']['median']:.2f} ms, max {got[True]['lag_ms']['max']:.2f} ms")
+            print(
+                f"run {r} lag: median {got[True]['lag_ms']['median']:.2f} ms, max {got[True]['lag_ms']['max']:.2f} ms"
+            )
     print(f"\n{args.size} values, {args.ops} puts a load, {args.runs} runs (min / median / max)")
     for load in ("bench", "puts"):
         off = [o[load]["cpu_us_per_put"] for o, _ in runs]
         on = [n[load]["cpu_us_per_put"] for _, n in runs]
         extra = [n / o - 1 for o, n in zip(off, on)]
-        print(f"  {load}: service CPU per put off {spread(off)} us, on {spread(on)} us, extra "
-              f"{spread([e * 100 for e in extra])} %; events/s {spread([n[load]['events_per_s'] for _, n in runs], '{:.0f}')}")
+        print(
+            f"  {load}: service CPU per put off {spread(off)} us, on {spread(on)} us, extra "
+            f"{spread([e * 100 for e in extra])} %; "
+            f"events/s {spread([n[load]['events_per_s'] for _, n in runs], '{:.0f}')}"
+        )
     if all("lag_ms" in n for _, n in runs):
         print(f"  lag median {spread([n['lag_ms']['median'] for _, n in runs], '{:.2f}')} ms")
     if args.json:

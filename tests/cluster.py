@@ -11,21 +11,34 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 READY = re.compile(r"kvstore ready: (.*)")
 SECRET = "tests-shared-secret-0123456789"
 ADMIN_TOKEN = "kvsa_tests-operator-token-0123456789"
 
 
+def found(pattern: str | re.Pattern[str], text: str) -> re.Match[str]:
+    """re.search that fails the test, showing the text, where the pattern is not in it."""
+    match = re.search(pattern, text)
+    assert match is not None, f"{pattern!r} not in:\n{text}"
+    return match
+
+
 @dataclass
 class Proc:
-    popen: subprocess.Popen
+    popen: subprocess.Popen[str]
     ready_line: str
     lines: list[str] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    @property
+    def args(self) -> list[str]:
+        """The command line (spawn starts it from a list of str)."""
+        return cast("list[str]", self.popen.args)
 
     def kill(self) -> None:
         """SIGKILL: the process gets no chance to clean up."""
@@ -46,8 +59,10 @@ class Proc:
             deadline = time.monotonic() + 5  # the reader thread may still be taking in the stacks
             while not any("most recent call first" in line for line in self.lines) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            raise TimeoutError(f"{self.popen.args[3:]} did not stop within 20 s of SIGTERM; what it printed, "
-                               f"its threads' stacks last:\n{''.join(self.lines)[-20000:]}") from None
+            raise TimeoutError(
+                f"{self.args[3:]} did not stop within 20 s of SIGTERM; what it printed, "
+                f"its threads' stacks last:\n{''.join(self.lines)[-20000:]}"
+            ) from None
 
 
 def authed_channel(address: str, token: str = ADMIN_TOKEN):
@@ -63,23 +78,32 @@ def authed_channel(address: str, token: str = ADMIN_TOKEN):
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = dict(os.environ, KVSTORE_SECRET=SECRET, KVSTORE_TOKEN=ADMIN_TOKEN, PYTHONUNBUFFERED="1",
-               PYTHONFAULTHANDLER="1")
+    env = dict(
+        os.environ, KVSTORE_SECRET=SECRET, KVSTORE_TOKEN=ADMIN_TOKEN, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1"
+    )
     env.update(extra or {})
     return env
 
 
-def spawn(args: list[str], env: dict[str, str] | None = None, timeout: float = 60.0,
-          module: str = "kvstore.cli") -> Proc:
+def spawn(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 60.0, module: str = "kvstore.cli"
+) -> Proc:
     """Start `kvstore ARGS` (`python -m MODULE ARGS`: a test's wrapper of the CLI may stand in) and
     return once it prints its readiness line."""
-    popen = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=_env(env))
+    popen = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(env),
+    )
     lines: queue.Queue[str | None] = queue.Queue()
     proc = Proc(popen, "")
+    stdout = popen.stdout
+    assert stdout is not None  # stdout=PIPE
 
     def pump() -> None:
-        for line in popen.stdout:
+        for line in stdout:
             proc.lines.append(line)
             lines.put(line)
         lines.put(None)
@@ -91,7 +115,7 @@ def spawn(args: list[str], env: dict[str, str] | None = None, timeout: float = 6
             line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             popen.kill()
-            raise TimeoutError(f"kvstore {' '.join(args)} not ready in {timeout}s:\n{''.join(proc.lines)}")
+            raise TimeoutError(f"kvstore {' '.join(args)} not ready in {timeout}s:\n{''.join(proc.lines)}") from None
         if line is None:
             raise RuntimeError(f"kvstore {' '.join(args)} exited ({popen.wait()}):\n{''.join(proc.lines)}")
         if m := READY.search(line):
@@ -108,10 +132,9 @@ class Cluster:
     def meta(self, env: dict[str, str] | None = None, *extra: str) -> tuple[Proc, str]:
         proc = spawn(["meta", "--port", "0", *extra], env)
         self.procs.append(proc)
-        return proc, re.search(r"meta=(\S+)", proc.ready_line).group(1)
+        return proc, found(r"meta=(\S+)", proc.ready_line).group(1)
 
-    def daemon(self, meta_address: str, dram: str = "256MiB", env: dict[str, str] | None = None,
-               *extra: str) -> Proc:
+    def daemon(self, meta_address: str, dram: str = "256MiB", env: dict[str, str] | None = None, *extra: str) -> Proc:
         proc = spawn(["daemon", "--meta", meta_address, "--dram", dram, *extra], env)
         self.procs.append(proc)
         return proc
@@ -121,7 +144,7 @@ class Cluster:
         ssd = [] if "--ssd-dir" in extra else ["--ssd-dir", ""]
         proc = spawn(["serve", "--port", "0", "--dram", dram, *ssd, *extra], env)
         self.procs.append(proc)
-        return proc, re.search(r"meta=(\S+)", proc.ready_line).group(1)
+        return proc, found(r"meta=(\S+)", proc.ready_line).group(1)
 
     def close(self) -> None:
         for proc in reversed(self.procs):

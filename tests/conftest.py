@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.cluster import ADMIN_TOKEN, Cluster  # noqa: E402
+from tests.cluster import ADMIN_TOKEN, Cluster
 
 # The operator's token for every service the tests start (in process or not) and every client:
 # the tests never touch the user's own token file.
@@ -14,7 +14,10 @@ os.environ["KVSTORE_TOKEN"] = ADMIN_TOKEN
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--soak", type=float, default=0.0, metavar="SECONDS",
+        "--soak",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
         help="also run tests/faults' soak (random faults under load) for this long",
     )
 

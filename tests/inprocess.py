@@ -4,6 +4,8 @@ dicts the process-level tests give `kvstore meta` / `kvstore daemon`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvstore.config import DaemonConfig, MetaConfig, resolve_secret
 from kvstore.config.load import load_config
 from kvstore.daemon.storage_daemon import StorageDaemon
@@ -16,7 +18,7 @@ class InProcessStore:
     """Started by the constructor (the daemon has mounted its segments when it returns); close()
     stops both. `daemon_settings` are DaemonConfig fields, e.g. dram_size or ssd_dir."""
 
-    def __init__(self, meta_env: dict[str, str] | None = None, **daemon_settings: object) -> None:
+    def __init__(self, meta_env: dict[str, str] | None = None, **daemon_settings: Any) -> None:
         meta_cfg = load_config(MetaConfig, env=meta_env or {}, port=0, secret=SECRET)
         self.meta = MetaServer(meta_cfg, GrantSigner(resolve_secret(meta_cfg.secret)[0])).start()
         self._env = meta_env or {}
@@ -27,7 +29,7 @@ class InProcessStore:
             self.meta.stop()
             raise
 
-    def add_daemon(self, **settings: object) -> StorageDaemon:
+    def add_daemon(self, **settings: Any) -> StorageDaemon:
         """A daemon of this service, started (its segments mounted); stopped by close() unless
         the test stopped it. Daemon settings in the meta env (heartbeats) apply to it too."""
         settings = {"transports": ("inproc", "shm"), **settings}

@@ -16,6 +16,13 @@ HOST = "host-1"  # the daemons' host in these tests; a client passing it reads o
 ENDPOINTS = (Endpoint("tcp", "127.0.0.1:1"), Endpoint("shm", f"{HOST}|1|/dev/shm/none"))
 
 
+def endpoint_address(info: SegmentInfo, transport: str) -> str:
+    """The address of the segment's `transport` endpoint (the test fails where it has none)."""
+    endpoint = info.endpoint(transport)
+    assert endpoint is not None, f"segment {info.segment_id} has no {transport} endpoint: {info.endpoints}"
+    return endpoint.address
+
+
 def segment(segment_id: str, daemon: str, tier: Tier, capacity: int) -> SegmentInfo:
     return SegmentInfo(segment_id, daemon, tier, capacity, ENDPOINTS, HOST)
 

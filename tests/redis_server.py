@@ -93,7 +93,7 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def client(self):  # noqa: ANN201 - a redis-py client of this server
+    def client(self):
         import redis
 
         return redis.Redis.from_url(self.url)
@@ -158,7 +158,7 @@ class RedisClusterServer:
         for node in self.nodes:
             node.stop()
 
-    def client(self):  # noqa: ANN201 - a redis-py cluster client
+    def client(self):
         from redis.cluster import RedisCluster
 
         return RedisCluster.from_url(self.url)

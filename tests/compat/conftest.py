@@ -15,8 +15,10 @@ import pytest
 from tests.cluster import Cluster
 
 MOONCAKE_MISSING = importlib.util.find_spec("mooncake") is None
-needs_mooncake = pytest.mark.skipif(MOONCAKE_MISSING, reason="the real Mooncake Store is not installed "
-                                    "(pip install 'kvstore[mooncake]'): nothing to compare with")
+needs_mooncake = pytest.mark.skipif(
+    MOONCAKE_MISSING,
+    reason="the real Mooncake Store is not installed (pip install 'kvstore[mooncake]'): nothing to compare with",
+)
 
 
 def _free_port() -> int:
@@ -45,19 +47,30 @@ def mooncake_master() -> Iterator[str]:
     from benchmarks.peers.mooncake import master_binary
 
     rpc = _free_port()
-    popen = subprocess.Popen([master_binary(), "--rpc_address=127.0.0.1", f"--rpc_port={rpc}",
-                              "--metrics_host=127.0.0.1", f"--metrics_port={_free_port()}",
-                              "--enable_metric_reporting=false"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    popen = subprocess.Popen(
+        [
+            master_binary(),
+            "--rpc_address=127.0.0.1",
+            f"--rpc_port={rpc}",
+            "--metrics_host=127.0.0.1",
+            f"--metrics_port={_free_port()}",
+            "--enable_metric_reporting=false",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     started = threading.Event()
     log: list[str] = []
+    stdout = popen.stdout
+    assert stdout is not None  # stdout=PIPE
 
     def pump() -> None:
-        for line in popen.stdout:
+        for line in stdout:
             log.append(line)
             if "Master service started" in line:
                 started.set()
-        started.set()                     # exited: the check below reports it
+        started.set()  # exited: the check below reports it
 
     threading.Thread(target=pump, daemon=True).start()
     try:

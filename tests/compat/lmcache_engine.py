@@ -20,36 +20,37 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import torch
 
 LAYERS, HEADS, HEAD_DIM, BLOCK, BLOCKS, CHUNK = 2, 2, 16, 16, 64, 64
 HIDDEN = HEADS * HEAD_DIM
-TOKENS = list(range(1000, 1000 + 300))          # 4 full chunks of 64 and a partial one of 44
+TOKENS = list(range(1000, 1000 + 300))  # 4 full chunks of 64 and a partial one of 44
 DTYPE = torch.float16
 
 
 def make_connector():
     from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-    class CpuPagedKV(GPUConnectorInterface):
+    class CpuPagedKV(GPUConnectorInterface):  # type: ignore[misc]  # LMCache ships no types: its base is Any
         """Paged KV on the CPU <-> LMCache memory objects [2, layers, tokens, hidden]."""
 
         def __init__(self, layers: int, hidden: int) -> None:
             self.layers, self.hidden = layers, hidden
 
         def _pages(self, kvcaches, layer: int) -> torch.Tensor:
-            return kvcaches[layer].view(2, -1, self.hidden)        # [2, slots, hidden]
+            return kvcaches[layer].view(2, -1, self.hidden)  # [2, slots, hidden]
 
         def from_gpu(self, memory_obj, start, end, **kwargs):
             slots = kwargs["slot_mapping"][start:end]
             for layer in range(self.layers):
-                memory_obj.tensor[:, layer, :end - start] = self._pages(kwargs["kvcaches"], layer)[:, slots]
+                memory_obj.tensor[:, layer, : end - start] = self._pages(kwargs["kvcaches"], layer)[:, slots]
 
         def to_gpu(self, memory_obj, start, end, **kwargs):
             slots = kwargs["slot_mapping"][start:end]
             for layer in range(self.layers):
-                self._pages(kwargs["kvcaches"], layer)[:, slots] = memory_obj.tensor[:, layer, :end - start]
+                self._pages(kwargs["kvcaches"], layer)[:, slots] = memory_obj.tensor[:, layer, : end - start]
 
         def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
             for obj, start, end in zip(memory_objs, starts, ends):
@@ -65,16 +66,27 @@ def make_connector():
     return CpuPagedKV(LAYERS, HIDDEN)
 
 
-def plugin_config(meta: str, via_mooncake: bool) -> dict:
-    if via_mooncake:         # LMCache's builtin adapter for plugin://mooncakestore
-        return {"remote_storage_plugins": ["mooncakestore"],
-                "extra_config": {"mooncake_local_hostname": "127.0.0.1", "mooncake_metadata_server": "P2PHANDSHAKE",
-                                 "mooncake_protocol": "tcp", "mooncake_master_server_address": meta,
-                                 "mooncake_global_segment_size": "0", "mooncake_local_buffer_size": "16777216"}}
-    return {"remote_storage_plugins": ["kvstore"],
-            "extra_config": {"remote_storage_plugin.kvstore.module_path": "kvstore.compat.lmcache.adapter",
-                             "remote_storage_plugin.kvstore.class_name": "KVStoreConnectorAdapter",
-                             "kvstore.meta": meta}}
+def plugin_config(meta: str, via_mooncake: bool) -> dict[str, Any]:
+    if via_mooncake:  # LMCache's builtin adapter for plugin://mooncakestore
+        return {
+            "remote_storage_plugins": ["mooncakestore"],
+            "extra_config": {
+                "mooncake_local_hostname": "127.0.0.1",
+                "mooncake_metadata_server": "P2PHANDSHAKE",
+                "mooncake_protocol": "tcp",
+                "mooncake_master_server_address": meta,
+                "mooncake_global_segment_size": "0",
+                "mooncake_local_buffer_size": "16777216",
+            },
+        }
+    return {
+        "remote_storage_plugins": ["kvstore"],
+        "extra_config": {
+            "remote_storage_plugin.kvstore.module_path": "kvstore.compat.lmcache.adapter",
+            "remote_storage_plugin.kvstore.class_name": "KVStoreConnectorAdapter",
+            "kvstore.meta": meta,
+        },
+    }
 
 
 def engine(meta: str, chunk_meta: bool, instance: str, via_mooncake: bool = False, key_prefix: str | None = None):
@@ -86,15 +98,29 @@ def engine(meta: str, chunk_meta: bool, instance: str, via_mooncake: bool = Fals
     plugin["extra_config"]["save_chunk_meta"] = chunk_meta
     if key_prefix is not None:
         plugin["extra_config"]["kvstore.key_prefix"] = key_prefix
-    config = LMCacheEngineConfig.from_dict({
-        "chunk_size": CHUNK, "local_cpu": False, "max_local_cpu_size": 0.05, "remote_serde": "naive",
-        "pre_caching_hash_algorithm": "sha256_cbor",       # equal tokens, equal keys in every process
-        "save_unfull_chunk": True, **plugin})
-    metadata = LMCacheMetadata(model_name="org/tiny", world_size=1, local_world_size=1, worker_id=0,
-                               local_worker_id=0, kv_dtype=DTYPE, kv_shape=(LAYERS, 2, CHUNK, HEADS, HEAD_DIM),
-                               chunk_size=CHUNK)
+    config = LMCacheEngineConfig.from_dict(
+        {
+            "chunk_size": CHUNK,
+            "local_cpu": False,
+            "max_local_cpu_size": 0.05,
+            "remote_serde": "naive",
+            "pre_caching_hash_algorithm": "sha256_cbor",  # equal tokens, equal keys in every process
+            "save_unfull_chunk": True,
+            **plugin,
+        }
+    )
+    metadata = LMCacheMetadata(
+        model_name="org/tiny",
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=DTYPE,
+        kv_shape=(LAYERS, 2, CHUNK, HEADS, HEAD_DIM),
+        chunk_size=CHUNK,
+    )
     eng = LMCacheEngineBuilder.get_or_create(instance, config, metadata, make_connector(), None, None)
-    eng.post_init()                      # builds the storage manager and its backends
+    eng.post_init()  # builds the storage manager and its backends
     return eng
 
 
@@ -115,12 +141,13 @@ def remote_backend(eng):
     return next(b for name, b in backends.items() if name.startswith("RemoteBackend"))
 
 
-def main(role: str, meta: str, chunk_meta: bool, via_mooncake: bool) -> dict:
-    eng = engine(meta, chunk_meta, f"kvstore-compat-{role}", via_mooncake and role == "store",
-                 "" if via_mooncake else None)
+def main(role: str, meta: str, chunk_meta: bool, via_mooncake: bool) -> dict[str, Any]:
+    eng = engine(
+        meta, chunk_meta, f"kvstore-compat-{role}", via_mooncake and role == "store", "" if via_mooncake else None
+    )
     backend = remote_backend(eng)
-    connector = getattr(backend.connection, "_connector", backend.connection)    # inside LMCache's instrumentation
-    out: dict = {"remote_backend": type(backend).__name__, "connector": type(connector).__name__}
+    connector = getattr(backend.connection, "_connector", backend.connection)  # inside LMCache's instrumentation
+    out: dict[str, Any] = {"remote_backend": type(backend).__name__, "connector": type(connector).__name__}
     tokens = torch.tensor(TOKENS)
     if role == "store":
         kv, slots = paged_kv(7), slot_mapping(2)
@@ -137,11 +164,12 @@ def main(role: str, meta: str, chunk_meta: bool, via_mooncake: bool) -> dict:
         mask = eng.retrieve(tokens, kvcaches=kv, slot_mapping=slots)
         out["retrieved_tokens"] = int(mask.sum())
         expected, stored_slots = paged_kv(7), slot_mapping(2)
-        same = all(torch.equal(kv[layer].view(2, -1, HIDDEN)[:, slots], expected[layer].view(2, -1, HIDDEN)[:, stored_slots])
-                   for layer in range(LAYERS))
+        same = all(
+            torch.equal(kv[layer].view(2, -1, HIDDEN)[:, slots], expected[layer].view(2, -1, HIDDEN)[:, stored_slots])
+            for layer in range(LAYERS)
+        )
         out["identical"] = same
-        out["rest_untouched"] = all(
-            not kv[layer].view(2, -1, HIDDEN)[:, :slots[0]].any() for layer in range(LAYERS))
+        out["rest_untouched"] = all(not kv[layer].view(2, -1, HIDDEN)[:, : slots[0]].any() for layer in range(LAYERS))
         out["missing_lookup"] = eng.lookup(torch.tensor([7] * 200))
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 

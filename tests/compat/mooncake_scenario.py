@@ -21,7 +21,7 @@ ARENA = 64 * KiB
 
 
 def _plain(value: Any) -> Any:
-    if hasattr(value, "ptr") and hasattr(value, "size"):      # a BufferHandle
+    if hasattr(value, "ptr") and hasattr(value, "size"):  # a BufferHandle
         return {"handle": bytes(memoryview(value)).hex(), "size": value.size()}
     if isinstance(value, (bytes, bytearray)):
         return {"bytes": bytes(value).hex()}
@@ -41,10 +41,14 @@ def steps(mod: Any, master: str) -> list[tuple[str, Callable[[], Any]]]:
     p = ctypes.addressof(arena)
 
     def mem(at: int, n: int) -> bytes:
-        return bytes(arena[at:at + n])
+        return bytes(arena[at : at + n])
 
     def write(at: int, data: bytes) -> None:
         ctypes.memmove(p + at, data, len(data))
+
+    def put_from_written() -> Any:
+        write(0, b"zerocopy")
+        return s.put_from("z", p, 8)
 
     config = mod.ReplicateConfig()
     config.replica_num = 3
@@ -56,18 +60,38 @@ def steps(mod: Any, master: str) -> list[tuple[str, Callable[[], Any]]]:
     return [
         ("setup positional", lambda: s.setup("127.0.0.1", "P2PHANDSHAKE", 64 << 20, 16 << 20, "tcp", "", master)),
         ("setup dict missing metadata_server", lambda: d.setup({"local_hostname": "127.0.0.1"})),
-        ("setup dict bad size", lambda: d.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
-                                                 "global_segment_size": "lots", "master_server_addr": master})),
-        ("setup dict", lambda: d.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
-                                        "global_segment_size": 0, "master_server_addr": master})),
+        (
+            "setup dict bad size",
+            lambda: d.setup(
+                {
+                    "local_hostname": "127.0.0.1",
+                    "metadata_server": "P2PHANDSHAKE",
+                    "global_segment_size": "lots",
+                    "master_server_addr": master,
+                }
+            ),
+        ),
+        (
+            "setup dict",
+            lambda: d.setup(
+                {
+                    "local_hostname": "127.0.0.1",
+                    "metadata_server": "P2PHANDSHAKE",
+                    "global_segment_size": 0,
+                    "master_server_addr": master,
+                }
+            ),
+        ),
         ("dict-set-up store reads", lambda: (d.put("dict/k", b"via dict"), s.get("dict/k"))),
         ("close dict-set-up store", lambda: d.close()),
         ("health_check", lambda: s.health_check()),
         # bytes API
         ("put", lambda: s.put("a", b"first")),
         ("put existing keeps the first value", lambda: (s.put("a", b"second, longer"), s.get("a"))),
-        ("put bytearray and memoryview", lambda: (s.put("ba", bytearray(b"ba")), s.put("mv", memoryview(b"mv")),
-                                                  s.get("ba"), s.get("mv"))),
+        (
+            "put bytearray and memoryview",
+            lambda: (s.put("ba", bytearray(b"ba")), s.put("mv", memoryview(b"mv")), s.get("ba"), s.get("mv")),
+        ),
         ("put empty value", lambda: (s.put("empty", b""), s.is_exist("empty"))),
         ("put empty key", lambda: s.put("", b"x")),
         ("put prefer_alloc_in_same_node", lambda: (s.put("same", b"x", same_node), s.is_exist("same"))),
@@ -82,8 +106,10 @@ def steps(mod: Any, master: str) -> list[tuple[str, Callable[[], Any]]]:
         ("batch_is_exist empty", lambda: s.batch_is_exist([])),
         ("put_batch", lambda: s.put_batch(["b1", "b2"], [b"1", b"22"])),
         ("put_batch duplicate keys: the first wins", lambda: (s.put_batch(["d1", "d1"], [b"1", b"22"]), s.get("d1"))),
-        ("put_batch over an existing key", lambda: (s.put_batch(["b1", "b3"], [b"X", b"333"]),
-                                                    s.get("b1"), s.get("b3"))),
+        (
+            "put_batch over an existing key",
+            lambda: (s.put_batch(["b1", "b3"], [b"X", b"333"]), s.get("b1"), s.get("b3")),
+        ),
         ("put_batch lengths differ", lambda: s.put_batch(["m1", "m2"], [b"1"])),
         ("put_batch empty", lambda: s.put_batch([], [])),
         ("get_batch", lambda: s.get_batch(["b1", "missing", "b2"])),
@@ -109,11 +135,14 @@ def steps(mod: Any, master: str) -> list[tuple[str, Callable[[], Any]]]:
         ("register_buffer size 0", lambda: s.register_buffer(p + ARENA // 2, 0)),
         ("register_buffer second half", lambda: s.register_buffer(p + ARENA // 2, ARENA // 2)),
         ("unregister_buffer not registered", lambda: s.unregister_buffer(p + 8)),
-        ("put_from", lambda: (write(0, b"zerocopy"), s.put_from("z", p, 8))[1]),
+        ("put_from", put_from_written),
         ("put_from existing", lambda: (s.put_from("z", p + 1, 4), s.get("z"))),
         ("put_from size 0", lambda: (s.put_from("z0", p, 0), s.is_exist("z0"))),
         ("put_from inside a buffer", lambda: (s.put_from("zi", p + 2, 6), s.get("zi"))),
-        ("put_from across two adjacent buffers", lambda: (s.put_from("zspan", p + ARENA // 2 - 4, 8), s.get_size("zspan"))),
+        (
+            "put_from across two adjacent buffers",
+            lambda: (s.put_from("zspan", p + ARENA // 2 - 4, 8), s.get_size("zspan")),
+        ),
         ("get_into", lambda: (s.get_into("z", p + 100, 100), mem(100, 8))),
         ("get_into buffer too small", lambda: s.get_into("z", p + 200, 4)),
         ("get_into missing", lambda: s.get_into("missing", p + 200, 100)),
@@ -123,34 +152,84 @@ def steps(mod: Any, master: str) -> list[tuple[str, Callable[[], Any]]]:
         ("batch_put_from lengths differ", lambda: s.batch_put_from(["q1", "q2"], [p], [8, 8])),
         ("batch_put_from duplicate keys", lambda: s.batch_put_from(["q3", "q3"], [p, p + 8], [8, 8])),
         ("batch_put_from replica_num 3", lambda: s.batch_put_from(["q4"], [p], [8], config)),
-        ("batch_get_into", lambda: s.batch_get_into(["y1", "missing", "y2"], [p + 300, p + 400, p + 500], [100, 100, 4])),
+        (
+            "batch_get_into",
+            lambda: s.batch_get_into(["y1", "missing", "y2"], [p + 300, p + 400, p + 500], [100, 100, 4]),
+        ),
         ("batch_get_into lengths differ", lambda: s.batch_get_into(["y1", "y2"], [p + 300], [100, 100])),
         ("batch_get_into empty", lambda: s.batch_get_into([], [], [])),
-        ("batch_put_from_multi_buffers", lambda: (s.batch_put_from_multi_buffers(
-            ["mb1", "mb2"], [[p, p + 8], [p + 16]], [[8, 8], [8]]), s.get("mb1"))),
-        ("batch_put_from_multi_buffers scattered parts", lambda: (s.batch_put_from_multi_buffers(
-            ["mb3"], [[p + 16, p]], [[4, 8]]), s.get("mb3"))),
-        ("batch_put_from_multi_buffers part counts differ", lambda: s.batch_put_from_multi_buffers(["mb4"], [[p, p + 8]], [[8]])),
+        (
+            "batch_put_from_multi_buffers",
+            lambda: (
+                s.batch_put_from_multi_buffers(["mb1", "mb2"], [[p, p + 8], [p + 16]], [[8, 8], [8]]),
+                s.get("mb1"),
+            ),
+        ),
+        (
+            "batch_put_from_multi_buffers scattered parts",
+            lambda: (s.batch_put_from_multi_buffers(["mb3"], [[p + 16, p]], [[4, 8]]), s.get("mb3")),
+        ),
+        (
+            "batch_put_from_multi_buffers part counts differ",
+            lambda: s.batch_put_from_multi_buffers(["mb4"], [[p, p + 8]], [[8]]),
+        ),
         ("batch_put_from_multi_buffers existing", lambda: s.batch_put_from_multi_buffers(["mb1"], [[p]], [[8]])),
-        ("batch_put_from_multi_buffers prefer_alloc_in_same_node", lambda: s.batch_put_from_multi_buffers(
-            ["mb5"], [[p]], [[8]], same_node)),
-        ("batch_get_into_multi_buffers", lambda: (s.batch_get_into_multi_buffers(
-            ["mb1", "mb2", "missing"], [[p + 600, p + 700], [p + 800], [p + 900]], [[8, 8], [8], [8]]),
-            mem(600, 8), mem(700, 8), mem(800, 8))),
-        ("batch_get_into_multi_buffers uneven parts", lambda: (s.batch_get_into_multi_buffers(
-            ["mb1"], [[p + 1000, p + 1100]], [[4, 12]]), mem(1000, 4), mem(1100, 12))),
-        ("batch_get_into_multi_buffers one run", lambda: (s.batch_get_into_multi_buffers(
-            ["mb1"], [[p + 1200, p + 1208]], [[8, 8]]), mem(1200, 16))),
+        (
+            "batch_put_from_multi_buffers prefer_alloc_in_same_node",
+            lambda: s.batch_put_from_multi_buffers(["mb5"], [[p]], [[8]], same_node),
+        ),
+        (
+            "batch_get_into_multi_buffers",
+            lambda: (
+                s.batch_get_into_multi_buffers(
+                    ["mb1", "mb2", "missing"], [[p + 600, p + 700], [p + 800], [p + 900]], [[8, 8], [8], [8]]
+                ),
+                mem(600, 8),
+                mem(700, 8),
+                mem(800, 8),
+            ),
+        ),
+        (
+            "batch_get_into_multi_buffers uneven parts",
+            lambda: (
+                s.batch_get_into_multi_buffers(["mb1"], [[p + 1000, p + 1100]], [[4, 12]]),
+                mem(1000, 4),
+                mem(1100, 12),
+            ),
+        ),
+        (
+            "batch_get_into_multi_buffers one run",
+            lambda: (s.batch_get_into_multi_buffers(["mb1"], [[p + 1200, p + 1208]], [[8, 8]]), mem(1200, 16)),
+        ),
         ("batch_get_into_multi_buffers too small", lambda: s.batch_get_into_multi_buffers(["mb1"], [[p + 600]], [[8]])),
-        ("batch_get_into_multi_buffers larger than the value", lambda: s.batch_get_into_multi_buffers(
-            ["mb1"], [[p + 600]], [[32]])),
-        ("get_into_ranges", lambda: (s.get_into_ranges(
-            [p + 2000, p + 2100], [["mb1", "zi"], ["zi", "missing"]], [[[0, 20], [8]], [[4], [0]]],
-            [[[1, 8], [2]], [[0], [0]]], [[[4, 3], [3]], [[6], [4]]]), mem(2000, 24), mem(2104, 6))),
-        ("get_into_ranges source past the end", lambda: s.get_into_ranges([p + 2200], [["zi"]], [[[0]]], [[[4]]], [[[4]]])),
+        (
+            "batch_get_into_multi_buffers larger than the value",
+            lambda: s.batch_get_into_multi_buffers(["mb1"], [[p + 600]], [[32]]),
+        ),
+        (
+            "get_into_ranges",
+            lambda: (
+                s.get_into_ranges(
+                    [p + 2000, p + 2100],
+                    [["mb1", "zi"], ["zi", "missing"]],
+                    [[[0, 20], [8]], [[4], [0]]],
+                    [[[1, 8], [2]], [[0], [0]]],
+                    [[[4, 3], [3]], [[6], [4]]],
+                ),
+                mem(2000, 24),
+                mem(2104, 6),
+            ),
+        ),
+        (
+            "get_into_ranges source past the end",
+            lambda: s.get_into_ranges([p + 2200], [["zi"]], [[[0]]], [[[4]]], [[[4]]]),
+        ),
         ("upsert replaces the value", lambda: (s.upsert("up", b"one"), s.upsert("up", b"two!"), s.get("up"))),
         ("upsert_from", lambda: (s.upsert_from("up", p, 8), s.get("up"))),
-        ("batch_upsert_from", lambda: (s.batch_upsert_from(["up", "up2"], [p + 8, p], [8, 8]), s.get("up"), s.get("up2"))),
+        (
+            "batch_upsert_from",
+            lambda: (s.batch_upsert_from(["up", "up2"], [p + 8, p], [8, 8]), s.get("up"), s.get("up2")),
+        ),
         ("upsert_batch", lambda: (s.upsert_batch(["up", "up3"], [b"three", b"3"]), s.get("up"), s.get("up3"))),
         ("upsert_parts", lambda: (s.upsert_parts("up", b"fo", b"ur"), s.get("up"))),
         ("unregister_buffer", lambda: (s.unregister_buffer(p), s.unregister_buffer(p + ARENA // 2))),

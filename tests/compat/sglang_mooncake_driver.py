@@ -29,6 +29,7 @@ import os
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,13 +44,16 @@ def import_sglang() -> None:
     """SGLang's package without its CUDA-era __init__ (as tests/vllm/test_sglang_backend.py)."""
     sys.path.insert(0, str(SGLANG_DIR))
     spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.submodule_search_locations is not None
     pkg = types.ModuleType("sglang")
     pkg.__path__ = list(spec.submodule_search_locations)
     pkg.__spec__ = spec
     sys.modules["sglang"] = pkg
-    for name, names in [("sglang.srt.mem_cache.pool_host", _pool_host_names),
-                        ("sglang.srt.mem_cache.pool_host.mla", _mla_names),
-                        ("sglang.srt.observability.metrics_collector", _metrics_names)]:
+    for name, names in [
+        ("sglang.srt.mem_cache.pool_host", _pool_host_names),
+        ("sglang.srt.mem_cache.pool_host.mla", _mla_names),
+        ("sglang.srt.observability.metrics_collector", _metrics_names),
+    ]:
         parent = name.rsplit(".", 1)[0]
         try:
             if parent in STOOD_IN:
@@ -63,7 +67,7 @@ def import_sglang() -> None:
             sys.modules[name] = module
 
 
-def _pool_host_names() -> dict:
+def _pool_host_names() -> dict[str, Any]:
     class HostKVCache:
         pass
 
@@ -73,20 +77,20 @@ def _pool_host_names() -> dict:
     return {"HostKVCache": HostKVCache, "HostTensorAllocator": HostTensorAllocator}
 
 
-def _mla_names() -> dict:
+def _mla_names() -> dict[str, Any]:
     class MLATokenToKVPoolHost:
         pass
 
     return {"MLATokenToKVPoolHost": MLATokenToKVPoolHost}
 
 
-def _metrics_names() -> dict:
+def _metrics_names() -> dict[str, Any]:
     @dataclasses.dataclass
     class StorageMetrics:
-        prefetch_pgs: list = dataclasses.field(default_factory=list)
-        backup_pgs: list = dataclasses.field(default_factory=list)
-        prefetch_bandwidth: list = dataclasses.field(default_factory=list)
-        backup_bandwidth: list = dataclasses.field(default_factory=list)
+        prefetch_pgs: list[Any] = dataclasses.field(default_factory=list)
+        backup_pgs: list[Any] = dataclasses.field(default_factory=list)
+        prefetch_bandwidth: list[Any] = dataclasses.field(default_factory=list)
+        backup_bandwidth: list[Any] = dataclasses.field(default_factory=list)
 
     return {"StorageMetrics": StorageMetrics}
 
@@ -138,11 +142,24 @@ def backend(meta: str, pool, mla: bool):
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     config = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla,
-        enable_storage_metrics=False, is_page_first_layout=pool.layout == "page_first",
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=mla,
+        enable_storage_metrics=False,
+        is_page_first_layout=pool.layout == "page_first",
         model_name="org/tiny-model",
-        extra_config={"master_server_address": meta, "protocol": "tcp", "device_name": "",
-                      "global_segment_size": 16 << 20, "check_server": False})
+        extra_config={
+            "master_server_address": meta,
+            "protocol": "tcp",
+            "device_name": "",
+            "global_segment_size": 16 << 20,
+            "check_server": False,
+        },
+    )
     store = StorageBackendFactory.create_backend("mooncake", config, pool)
     store.register_mem_pool_host(pool)
     return store
@@ -153,22 +170,29 @@ def pages(pool, seed: int) -> torch.Tensor:
     return torch.randn(pool.kv_buffer.shape, generator=generator).to(pool.dtype)
 
 
-def main(role: str, meta: str) -> dict:
+def main(role: str, meta: str) -> dict[str, Any]:
     import_sglang()
     import mooncake.store
     from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
-    out: dict = {"stood_in": STOOD_IN, "mooncake_store_module": mooncake.store.MooncakeDistributedStore.__module__,
-                 "backend_class": f"{MooncakeStore.__module__}.{MooncakeStore.__name__}"}
+    out: dict[str, Any] = {
+        "stood_in": STOOD_IN,
+        "mooncake_store_module": mooncake.store.MooncakeDistributedStore.__module__,
+        "backend_class": f"{MooncakeStore.__module__}.{MooncakeStore.__name__}",
+    }
     stores = {}
-    for name, pool_cls, mla, seed in [("mha", MHAPageFirstPool, False, 1), ("mla", MLALayerFirstPool, True, 2)]:
+    layouts: list[tuple[str, type[MHAPageFirstPool | MLALayerFirstPool], bool, int]] = [
+        ("mha", MHAPageFirstPool, False, 1),
+        ("mla", MLALayerFirstPool, True, 2),
+    ]
+    for name, pool_cls, mla, seed in layouts:
         pool = pool_cls()
         store = stores[name] = backend(meta, pool, mla)
         out[f"{name}_type"] = type(store).__name__
         everything = torch.arange(0, TOKENS)
         if role == "write":
             pool.kv_buffer.copy_(pages(pool, seed))
-            out[f"{name}_set"] = store.batch_set_v1(KEYS[:3], everything[:3 * PAGE])
+            out[f"{name}_set"] = store.batch_set_v1(KEYS[:3], everything[: 3 * PAGE])
             out[f"{name}_set_again"] = store.batch_set_v1(KEYS[:1], everything[:PAGE])
             out[f"{name}_exists"] = store.batch_exists(KEYS)
         else:
@@ -176,8 +200,8 @@ def main(role: str, meta: str) -> dict:
             out[f"{name}_exists"] = store.batch_exists(KEYS)
             out[f"{name}_get"] = store.batch_get_v1(KEYS, everything)
             # both layouts keep tokens on dimension 1
-            out[f"{name}_identical"] = torch.equal(pool.kv_buffer[:, :3 * PAGE], expected[:, :3 * PAGE])
-            out[f"{name}_miss_untouched"] = not pool.kv_buffer[:, 3 * PAGE:].any()
+            out[f"{name}_identical"] = torch.equal(pool.kv_buffer[:, : 3 * PAGE], expected[:, : 3 * PAGE])
+            out[f"{name}_miss_untouched"] = not pool.kv_buffer[:, 3 * PAGE :].any()
     if role == "read":  # once both layouts were read: SGLang's clear() is remove_all, every key of the store
         for store in stores.values():  # but those another client still reads (each clear hands its own reads back)
             store.clear()

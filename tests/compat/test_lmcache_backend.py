@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,15 +19,22 @@ from kvstore.errors import InvalidArgument
 from tests.compat.conftest import python_env
 
 REPO = Path(__file__).resolve().parents[2]
-needs_lmcache = pytest.mark.skipif(importlib.util.find_spec("lmcache") is None,
-                                   reason="LMCache is not installed: run scripts/install_lmcache.sh")
+needs_lmcache = pytest.mark.skipif(
+    importlib.util.find_spec("lmcache") is None, reason="LMCache is not installed: run scripts/install_lmcache.sh"
+)
 
 
-def _engine(role: str, meta: str, *flags: str, alias: bool = False, **env: str) -> dict:
+def _engine(role: str, meta: str, *flags: str, alias: bool = False, **env: str) -> dict[str, Any]:
     run = ["-m", "kvstore.compat.mooncake.run"] if alias else []
-    proc = subprocess.run([sys.executable, *run, "-m", "tests.compat.lmcache_engine", role, meta, *flags], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env=python_env(PYTHONHASHSEED="0", **env))    # equal hashes even without vLLM
+    proc = subprocess.run(
+        [sys.executable, *run, "-m", "tests.compat.lmcache_engine", role, meta, *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=python_env(PYTHONHASHSEED="0", **env),  # equal hashes even without vLLM
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(next(line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")))
 
@@ -40,7 +48,7 @@ def test_lmcache_stores_chunks_in_kvstore_and_another_process_retrieves_them(clu
     assert stored["put_failed"] == 0
     assert stored["lookup"] == 300
     with KVClient(meta) as client:
-        assert client.stats().keys == 5              # 4 full chunks of 64 tokens and one of 44
+        assert client.stats().keys == 5  # 4 full chunks of 64 tokens and one of 44
     got = _engine("retrieve", meta, *flags)
     assert got["lookup"] == 300 and got["retrieved_tokens"] == 300
     assert got["identical"] and got["rest_untouched"]
@@ -71,7 +79,7 @@ def test_where_the_plug_in_connects(monkeypatch):
     monkeypatch.delenv("KVSTORE_LMCACHE_META", raising=False)
     assert settings.meta_address({"kvstore.meta": "h:1"}, "kvstore://h:2") == "h:1"
     assert settings.meta_address({}, "kvstore://h:2/") == "h:2"
-    with pytest.raises(InvalidArgument, match="kvstore.meta"):
+    with pytest.raises(InvalidArgument, match=r"kvstore\.meta"):
         settings.meta_address(None, "plugin://kvstore")
     monkeypatch.setenv("KVSTORE_LMCACHE_META", "h:3")
     assert settings.meta_address(None, None) == "h:3"

@@ -41,13 +41,24 @@ def arena():
 
 # -- calls Mooncake answers by crashing --------------------------------------------------------------
 
+
 def test_every_call_before_setup_and_after_close_is_an_error_code_not_a_crash(kvstore_meta, arena):
     _, p = arena
     for s in (MooncakeDistributedStore(), _store(kvstore_meta)):
         s.close()
-        assert [s.put("k", b"v"), s.put_batch(["k"], [b"v"]), s.put_from("k", p, 8), s.get_size("k"),
-                s.get_into("k", p, 8), s.register_buffer(p, 64), s.unregister_buffer(p), s.remove("k"),
-                s.remove_all(), s.is_exist("k"), s.upsert("k", b"v")] == [INVALID] * 11
+        assert [
+            s.put("k", b"v"),
+            s.put_batch(["k"], [b"v"]),
+            s.put_from("k", p, 8),
+            s.get_size("k"),
+            s.get_into("k", p, 8),
+            s.register_buffer(p, 64),
+            s.unregister_buffer(p),
+            s.remove("k"),
+            s.remove_all(),
+            s.is_exist("k"),
+            s.upsert("k", b"v"),
+        ] == [INVALID] * 11
         assert s.batch_is_exist(["a", "b"]) == [INVALID] * 2
         assert s.batch_put_from(["a"], [p], [8]) == s.batch_get_into(["a"], [p], [8]) == [INVALID]
         assert s.batch_put_from_multi_buffers(["a"], [[p]], [[8]]) == [INVALID]
@@ -61,7 +72,7 @@ def test_null_unregistered_and_overrunning_pointers_are_invalid_params(store, ar
     assert store.register_buffer(0, 4096) == INVALID
     assert store.register_buffer(p, 4096) == 0
     assert store.put("k", b"12345678") == 0
-    outside = p + 8192                                # real memory, never registered
+    outside = p + 8192  # real memory, never registered
     for ptr, size in [(0, 8), (outside, 8), (p + 4090, 8), (-1, 8), (1 << 70, 8)]:
         assert store.put_from("bad", ptr, size) == INVALID
         assert store.get_into("k", ptr, size) == INVALID
@@ -73,38 +84,58 @@ def test_null_unregistered_and_overrunning_pointers_are_invalid_params(store, ar
     assert bytes(buf[100:108]) == b"12345678"
     assert store.get_into_ranges([outside], [["k"]], [[[0]]], [[[0]]], [[[4]]]) == [[[INVALID]]]
     assert store.unregister_buffer(p) == 0
-    assert store.get_into("k", p, 8) == INVALID       # unregistered again
-    assert bytes(buf[8190:8200]) == bytes(10)          # nothing outside was ever written
+    assert store.get_into("k", p, 8) == INVALID  # unregistered again
+    assert bytes(buf[8190:8200]) == bytes(10)  # nothing outside was ever written
 
 
 def test_wrong_argument_types_raise_type_error_as_pybind11_does(store):
-    for call in (lambda: store.put(1, b"x"), lambda: store.put("k", "text"), lambda: store.put("k", 5),
-                 lambda: store.batch_is_exist("abc"), lambda: store.put("k", b"x", config=3),
-                 lambda: store.batch_put_from(["k"], ["ptr"], [1]), lambda: store.setup("only", "two"),
-                 lambda: store.setup("h", "m", "big", 0, "tcp", "", "addr")):
+    for call in (
+        lambda: store.put(1, b"x"),
+        lambda: store.put("k", "text"),
+        lambda: store.put("k", 5),
+        lambda: store.batch_is_exist("abc"),
+        lambda: store.put("k", b"x", config=3),
+        lambda: store.batch_put_from(["k"], ["ptr"], [1]),
+        lambda: store.setup("only", "two"),
+        lambda: store.setup("h", "m", "big", 0, "tcp", "", "addr"),
+    ):
         with pytest.raises(TypeError):
             call()
     cfg = ReplicateConfig()
     with pytest.raises(AttributeError):
         cfg.no_such_field = 1
     with pytest.raises(TypeError):
-        cfg.replica_num = "two"
+        cfg.replica_num = "two"  # type: ignore[assignment]  # the wrong type, on purpose
 
 
 # -- setup ---------------------------------------------------------------------------------------
 
+
 def test_setup_forms_and_failures(kvstore_meta, monkeypatch):
     s = MooncakeDistributedStore()
-    assert s.setup({"local_hostname": "host-a", "metadata_server": "P2PHANDSHAKE",
-                    "master_server_addr": kvstore_meta, "global_segment_size": "1gb"}) == 0
+    assert (
+        s.setup(
+            {
+                "local_hostname": "host-a",
+                "metadata_server": "P2PHANDSHAKE",
+                "master_server_addr": kvstore_meta,
+                "global_segment_size": "1gb",
+            }
+        )
+        == 0
+    )
     assert s.get_hostname() == "host-a" and s.health_check() == 0
     assert s.setup(config={"local_hostname": "host-b", "metadata_server": "x", "master_server_addr": kvstore_meta}) == 0
-    assert s.get_hostname() == "host-b"                # set up again: the old session is closed
-    assert s.setup({"local_hostname": "h", "metadata_server": "x", "local_buffer_size": 10,
-                    "master_server_addr": kvstore_meta}) == INVALID        # below Mooncake's 1 KiB minimum
+    assert s.get_hostname() == "host-b"  # set up again: the old session is closed
+    assert (
+        s.setup(
+            {"local_hostname": "h", "metadata_server": "x", "local_buffer_size": 10, "master_server_addr": kvstore_meta}
+        )
+        == INVALID
+    )  # below Mooncake's 1 KiB minimum
     monkeypatch.setenv("KVSTORE_CLIENT_TIMEOUT_S", "1")
     assert s.setup("h", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", "127.0.0.1:1") == int(ErrorCode.RPC_FAIL)
-    monkeypatch.setenv("KVSTORE_MOONCAKE_META", kvstore_meta)   # unchanged code, redirected
+    monkeypatch.setenv("KVSTORE_MOONCAKE_META", kvstore_meta)  # unchanged code, redirected
     assert s.setup("h", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", "127.0.0.1:1") == 0
     assert s.put("redirected", b"yes") == 0 and s.close() == 0
 
@@ -122,6 +153,7 @@ def test_health_check_sees_the_service_go(cluster):
 
 # -- keys: shared with native clients, tenants apart ------------------------------------------------
 
+
 def test_default_tenant_keys_are_kvstore_keys_and_other_tenants_are_apart(kvstore_meta):
     native = KVClient(kvstore_meta)
     a, b = _store(kvstore_meta), _store(kvstore_meta, tenant_id="team-b")
@@ -132,7 +164,7 @@ def test_default_tenant_keys_are_kvstore_keys_and_other_tenants_are_apart(kvstor
     assert b.is_exist("shared/compat") == 0 and b.put("shared/compat", b"team b") == 0
     assert a.get("shared/compat") == b"from Mooncake's API" and b.get("shared/compat") == b"team b"
     assert b.remove_all() == 1 and a.is_exist("shared/compat") == 1
-    assert a.put("k" * 2000, b"v") == INVALID and a.is_exist("k" * 2000) == 0      # over 1024 bytes
+    assert a.put("k" * 2000, b"v") == INVALID and a.is_exist("k" * 2000) == 0  # over 1024 bytes
     for s in (a, b, native):
         s.close()
 
@@ -146,11 +178,12 @@ def test_remove_all_reaches_every_key_of_its_namespace(kvstore_meta):
     assert other.remove_by_regex("^ra/[3-9]") == 1 and a.batch_is_exist(["ra/2", "ra/3"]) == [1, 0]
     assert other.put("ra/4", b"4") == 0
     assert a.remove_all() == 2 and a.batch_is_exist(["ra/1", "ra/2", "ra/3", "ra/4"]) == [0, 0, 0, 0]
-    assert a.remove_all() == 0 and apart.get("ra/1") == b"elsewhere"   # another namespace's keys stay
+    assert a.remove_all() == 0 and apart.get("ra/1") == b"elsewhere"  # another namespace's keys stay
     a.close(), other.close(), apart.close()
 
 
 # -- ReplicateConfig -------------------------------------------------------------------------------
+
 
 def test_replicas_survive_a_daemon_killed(cluster):
     _, meta = cluster.meta()
@@ -180,7 +213,8 @@ def test_pins_follow_hard_and_soft_pin_settings(kvstore_meta):
     nof = ReplicateConfig()
     nof.nof_replica_num = 1
     assert s.put("pin/nof", b"x", nof) == NOT_SUPPORTED and s.is_exist("pin/nof") == 0
-    s.close(), native.close()
+    s.close()
+    native.close()
 
 
 def test_placement_hints_and_labels_are_accepted_and_change_nothing(store, arena):
@@ -197,6 +231,7 @@ def test_placement_hints_and_labels_are_accepted_and_change_nothing(store, arena
 
 
 # -- values ---------------------------------------------------------------------------------------
+
 
 def test_buffers_of_any_dtype_round_trip_as_their_bytes(store):
     weights = np.arange(1000, dtype=np.float32)
@@ -221,7 +256,11 @@ def test_threads_share_one_store(store):
         for i in range(25):
             key = f"thr/{t}/{i}"
             a[:4096] = np.frombuffer(blocks[key], dtype=np.uint8)
-            if store.put_from(key, a.ctypes.data, 4096) != 0 or store.get_into(key, a.ctypes.data + 4096, 4096) != 4096 or bytes(a[4096:]) != blocks[key]:
+            if (
+                store.put_from(key, a.ctypes.data, 4096) != 0
+                or store.get_into(key, a.ctypes.data + 4096, 4096) != 4096
+                or bytes(a[4096:]) != blocks[key]
+            ):
                 failures.append(key)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
@@ -234,6 +273,7 @@ def test_threads_share_one_store(store):
 
 
 # -- the methods kvstore does not offer ---------------------------------------------------------------
+
 
 def test_every_method_of_mooncakes_class_exists_here():
     if MOONCAKE_MISSING:
@@ -251,8 +291,17 @@ def test_every_method_of_mooncakes_class_exists_here():
 def test_unsupported_methods_answer_not_supported(store, name):
     answer = getattr(store, name)(["k1", "k2"], [1, 2], [3, 4])
     shape = UNSUPPORTED[name]
-    expected = {"int": NOT_SUPPORTED, "ints": [NOT_SUPPORTED] * 2, "none": None, "nones": [None, None],
-                "empty_list": [], "empty_dict": {}, "task": ((0, 0), NOT_SUPPORTED), "query": (None, NOT_SUPPORTED),
-                "null_pointer": 0, "segment_dict": {"ret": NOT_SUPPORTED, "segment_ids": []},
-                "alloc_dict": {"ret": NOT_SUPPORTED, "segment_ids": [], "allocated_size": 0}}[shape]
+    expected = {
+        "int": NOT_SUPPORTED,
+        "ints": [NOT_SUPPORTED] * 2,
+        "none": None,
+        "nones": [None, None],
+        "empty_list": [],
+        "empty_dict": {},
+        "task": ((0, 0), NOT_SUPPORTED),
+        "query": (None, NOT_SUPPORTED),
+        "null_pointer": 0,
+        "segment_dict": {"ret": NOT_SUPPORTED, "segment_ids": []},
+        "alloc_dict": {"ret": NOT_SUPPORTED, "segment_ids": [], "allocated_size": 0},
+    }[shape]
     assert answer == expected

@@ -11,15 +11,17 @@ def test_ranges_must_be_registered_and_views_alias_the_memory():
     buf = (ctypes.c_ubyte * 300)()
     p = ctypes.addressof(buf)
     mem = RegisteredMemory()
-    assert mem.register(p, 100) and mem.register(p + 100, 100)          # back to back
+    assert mem.register(p, 100) and mem.register(p + 100, 100)  # back to back
     assert not mem.register(p + 50, 10) and not mem.register(p - 10, 20)  # overlaps
     assert not mem.register(0, 10) and not mem.register(p + 250, 0) and not mem.register(True, 10)
     assert mem.covers(p, 100) and mem.covers(p + 90, 20) and mem.covers(p, 200)
     assert not mem.covers(p + 190, 20) and not mem.covers(p - 1, 2) and not mem.covers(p, 0)
     view = mem.view(p + 10, 5)
+    assert view is not None
     view[:] = b"abcde"
     assert bytes(buf[10:15]) == b"abcde"
-    span = mem.view(p + 98, 4)                                           # across the two buffers
+    span = mem.view(p + 98, 4)  # across the two buffers
+    assert span is not None
     span[:] = b"wxyz"
     assert bytes(buf[98:102]) == b"wxyz"
     assert mem.view(p + 199, 2) is None

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,9 +31,16 @@ DIFFERENCES = {
 }
 
 
-def _run(which: str, master: str, out: Path) -> list:
-    proc = subprocess.run([sys.executable, "-m", "tests.compat.mooncake_scenario", which, master, str(out)],
-                          cwd=REPO, capture_output=True, text=True, check=False, timeout=240, env=python_env())
+def _run(which: str, master: str, out: Path) -> list[Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.compat.mooncake_scenario", which, master, str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=240,
+        env=python_env(),
+    )
     assert proc.returncode == 0, f"{which} scenario failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(out.read_text())
 

@@ -26,8 +26,10 @@ def main() -> int:
     llm = build_llm(json.loads(sys.argv[1]))
     import mooncake.store
 
-    print(f"kvstore ready: instance pid={os.getpid()} store={mooncake.store.MooncakeDistributedStore.__module__}",
-          flush=True)
+    print(
+        f"kvstore ready: instance pid={os.getpid()} store={mooncake.store.MooncakeDistributedStore.__module__}",
+        flush=True,
+    )
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":

@@ -22,14 +22,22 @@ def _tls(pki) -> tuple[list[str], list[str]]:
     """(service flags, daemon flags) for TLS with the test CA's server certificate."""
     cert = ["--tls-cert", pki.server_cert, "--tls-key", pki.server_key]
     return cert, [*cert, "--tls-ca", pki.ca]
-FAST_LIVENESS = {"KVSTORE_META_HEARTBEAT_TTL_S": "1.0", "KVSTORE_META_TICK_INTERVAL_S": "0.1",
-                 "KVSTORE_DAEMON_HEARTBEAT_INTERVAL_S": "0.2"}
+
+
+FAST_LIVENESS = {
+    "KVSTORE_META_HEARTBEAT_TTL_S": "1.0",
+    "KVSTORE_META_TICK_INTERVAL_S": "0.1",
+    "KVSTORE_DAEMON_HEARTBEAT_INTERVAL_S": "0.2",
+}
 
 
 # The ssd variant demotes every unleased block at once and never promotes, so reads after
 # `settle` come from SSD.
-ALL_ON_SSD = {"KVSTORE_META_HIGH_WATERMARK": "1e-12", "KVSTORE_META_LOW_WATERMARK": "1e-13",
-              "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000000"}
+ALL_ON_SSD = {
+    "KVSTORE_META_HIGH_WATERMARK": "1e-12",
+    "KVSTORE_META_LOW_WATERMARK": "1e-13",
+    "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000000",
+}
 
 
 # gpu-host: the GPU tier's code path with its segment in host memory (gpu_device=-1), on any host.
@@ -48,14 +56,25 @@ def shared_cluster(tier, tmp_path_factory, pki):
     if tier == "dram":
         _, address = c.meta(None, *meta_tls)
         c.daemon(address, "640MiB", None, "--segment-size", "128MiB", *SERVE_ALL, *daemon_tls)
-    elif tier in GPU_TIERS:                  # puts land on the GPU tier first
+    elif tier in GPU_TIERS:  # puts land on the GPU tier first
         _, address = c.meta(None, *meta_tls)
         env = {"KVSTORE_DAEMON_GPU_DEVICE": "-1"} if tier == "gpu-host" else None
         c.daemon(address, "640MiB", env, "--segment-size", "128MiB", "--gpu", "640MiB", *SERVE_ALL, *daemon_tls)
     else:
         _, address = c.meta(ALL_ON_SSD, *meta_tls)
-        c.daemon(address, "640MiB", None, "--segment-size", "128MiB", *SERVE_ALL, *daemon_tls,
-                 "--ssd-dir", str(tmp_path_factory.mktemp("ssd")), "--ssd", "1GiB")
+        c.daemon(
+            address,
+            "640MiB",
+            None,
+            "--segment-size",
+            "128MiB",
+            *SERVE_ALL,
+            *daemon_tls,
+            "--ssd-dir",
+            str(tmp_path_factory.mktemp("ssd")),
+            "--ssd",
+            "1GiB",
+        )
     yield address
     c.close()
 
@@ -64,7 +83,7 @@ def shared_cluster(tier, tmp_path_factory, pki):
 def in_process_store(tier, tmp_path_factory):
     """The store of shared_cluster, in this process: what the inproc cases run against."""
     settings: dict[str, object] = {"dram_size": 640 << 20, "segment_size": 128 << 20}
-    if tier in GPU_TIERS:                     # as shared_cluster: puts land on the GPU tier first
+    if tier in GPU_TIERS:  # as shared_cluster: puts land on the GPU tier first
         settings["gpu_size"] = 640 << 20
         if tier == "gpu-host":
             settings["gpu_device"] = -1
@@ -84,18 +103,22 @@ def store(request, transport, tier) -> str:
 @pytest.fixture
 def client_config(transport, pki):
     """A ClientConfig for `transport`: the inproc store speaks plain gRPC, the processes TLS."""
+
     def make(**settings) -> ClientConfig:
         tls_ca = "" if transport == "inproc" else pki.ca
         return ClientConfig(transports=(transport,), tls_ca=tls_ca, **settings)
+
     return make
 
 
 @pytest.fixture
 def settle(tier):
     """Wait until the blocks just written have reached the tier under test."""
+
     def wait(client: KVClient) -> None:
         if tier == "ssd":
             wait_until(lambda: _dram_used(client) == 0, what="every block to be demoted to SSD")
+
     return wait
 
 
@@ -111,11 +134,15 @@ def transport(request):
         pytest.skip(str(exc))
     tier = request.getfixturevalue("tier") if "tier" in request.fixturenames else None
     if tier == "ssd" and request.param == "mooncake":
-        pytest.skip("SSD segments are not memory, so mooncake (one-sided: no daemon code runs per "
-                    "request) does not offer them; they are reached over shm, tcp or ucx")
+        pytest.skip(
+            "SSD segments are not memory, so mooncake (one-sided: no daemon code runs per "
+            "request) does not offer them; they are reached over shm, tcp or ucx"
+        )
     if tier in GPU_TIERS and request.param in ("shm", "mooncake"):
-        pytest.skip(f"GPU segments are not offered over {request.param}; they are reached over tcp "
-                    "or ucx (staged through host memory)")
+        pytest.skip(
+            f"GPU segments are not offered over {request.param}; they are reached over tcp "
+            "or ucx (staged through host memory)"
+        )
     return request.param
 
 

@@ -21,8 +21,12 @@ from tests.inprocess import InProcessStore
 
 MIB = 1 << 20
 NO_WATERMARKS = {"KVSTORE_META_HIGH_WATERMARK": "1.0", "KVSTORE_META_LOW_WATERMARK": "0.99"}
-DEMOTE_ALL = {"KVSTORE_META_HIGH_WATERMARK": "1e-12", "KVSTORE_META_LOW_WATERMARK": "1e-13",
-              "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000000", "KVSTORE_META_TICK_INTERVAL_S": "0.05"}
+DEMOTE_ALL = {
+    "KVSTORE_META_HIGH_WATERMARK": "1e-12",
+    "KVSTORE_META_LOW_WATERMARK": "1e-13",
+    "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000000",
+    "KVSTORE_META_TICK_INTERVAL_S": "0.05",
+}
 
 
 def block(seed: int) -> bytes:
@@ -35,9 +39,11 @@ REFILL_AT_ONCE = pytest.mark.usefixtures("refill_at_once")
 @pytest.fixture
 def refill_at_once(transport):
     if transport == "mooncake":
-        pytest.skip("mooncake writes are one-sided (no daemon receipt), so freed space waits out their write "
-                    "grants: a full 4 MiB store cannot be refilled at once. Its reads' grants hold space the same "
-                    "way, so a cached location cannot meet rewritten space before it expires")
+        pytest.skip(
+            "mooncake writes are one-sided (no daemon receipt), so freed space waits out their write "
+            "grants: a full 4 MiB store cannot be refilled at once. Its reads' grants hold space the same "
+            "way, so a cached location cannot meet rewritten space before it expires"
+        )
 
 
 @pytest.fixture
@@ -97,10 +103,10 @@ def test_cached_location_of_a_removed_key(store, transport, clients):
         writer.put("a", block(1))
         assert reader.get("a") == block(1)
         writer.remove("a", force=True)
-        assert own_bytes_or_miss(reader, "a", block(1)) in (True, False)   # its own bytes, or a miss
+        assert own_bytes_or_miss(reader, "a", block(1)) in (True, False)  # its own bytes, or a miss
         reader.put("b", block(2))
         assert reader.get("b") == block(2)
-        reader.remove("b")                        # the reader's own remove drops its cached location
+        reader.remove("b")  # the reader's own remove drops its cached location
         with pytest.raises(KeyNotFound):
             reader.get("b")
 
@@ -110,14 +116,14 @@ def test_cached_location_whose_space_was_rewritten_misses(store, transport, clie
     """The block goes and its space is given to another key: the stale read must not return it."""
     writer, reader = clients(store, transport)
     with writer, reader:
-        writer.put_many(["a", "x1", "x2", "x3"], [block(1), block(11), block(12), block(13)])   # full
+        writer.put_many(["a", "x1", "x2", "x3"], [block(1), block(11), block(12), block(13)])  # full
         assert reader.get("a") == block(1)
-        reader.get_many([])                       # its read lease goes back
+        reader.get_many([])  # its read lease goes back
         writer.remove("a", force=True)
-        writer.put("b", block(2))                 # a's space, once no grant reaches it, else x1's
+        writer.put("b", block(2))  # a's space, once no grant reaches it, else x1's
         assert writer.get("b") == block(2)
         own = own_bytes_or_miss(reader, "a", block(1))
-        if transport == "shm":                    # no daemon grant holds a's space: b got it
+        if transport == "shm":  # no daemon grant holds a's space: b got it
             assert own is False
         assert reader.get("b") == block(2)
 
@@ -129,8 +135,8 @@ def test_cached_location_of_an_evicted_block(store, transport, clients):
         writer.put("a", block(1))
         assert reader.get("a") == block(1)
         reader.get_many([])
-        writer.put_many(["x1", "x2", "x3"], [block(11), block(12), block(13)])   # full; a is the oldest
-        writer.put_many(["y1", "y2"], [block(21), block(22)])   # evicts the least recently used
+        writer.put_many(["x1", "x2", "x3"], [block(11), block(12), block(13)])  # full; a is the oldest
+        writer.put_many(["y1", "y2"], [block(21), block(22)])  # evicts the least recently used
         assert not writer.exists("a")
         own_bytes_or_miss(reader, "a", block(1))
         for key, seed in (("y1", 21), ("y2", 22)):
@@ -144,10 +150,10 @@ def test_reads_from_cached_locations_still_count_for_eviction(store, transport, 
         writer.put("k1", block(1))
         assert reader.get("k1") == block(1)
         reader.get_many([])
-        writer.put_many(["k2", "k3", "k4"], [block(2), block(3), block(4)])   # full; k1 the oldest ...
-        assert reader.get("k1") == block(1)       # ... until this read, from the cached location,
-        reader.get_many([])                       # reaches the service with the reader's next call
-        writer.put("k5", block(5))                # room for one: the least recently used goes
+        writer.put_many(["k2", "k3", "k4"], [block(2), block(3), block(4)])  # full; k1 the oldest ...
+        assert reader.get("k1") == block(1)  # ... until this read, from the cached location,
+        reader.get_many([])  # reaches the service with the reader's next call
+        writer.put("k5", block(5))  # room for one: the least recently used goes
         assert writer.exists_many(["k1", "k2", "k3", "k4", "k5"]) == [True, False, True, True, True]
 
 
@@ -155,21 +161,35 @@ def test_cached_location_of_a_block_moved_to_ssd(cluster, transport, tmp_path, c
     if transport == "mooncake":
         pytest.skip("SSD segments are not offered over mooncake")
     if transport == "inproc":
-        local = InProcessStore(DEMOTE_ALL, dram_size=4 * MIB, segment_size=4 * MIB, ssd_dir=str(tmp_path),
-                               ssd_size=64 * MIB)
+        local = InProcessStore(
+            DEMOTE_ALL, dram_size=4 * MIB, segment_size=4 * MIB, ssd_dir=str(tmp_path), ssd_size=64 * MIB
+        )
         address = local.address
     else:
         meta_tls, daemon_tls = _tls(pki)
         _, address = cluster.meta(DEMOTE_ALL, *meta_tls)
-        cluster.daemon(address, "4MiB", None, "--segment-size", "4MiB", *SERVE_ALL, *daemon_tls,
-                       "--ssd-dir", str(tmp_path), "--ssd", "64MiB")
+        cluster.daemon(
+            address,
+            "4MiB",
+            None,
+            "--segment-size",
+            "4MiB",
+            *SERVE_ALL,
+            *daemon_tls,
+            "--ssd-dir",
+            str(tmp_path),
+            "--ssd",
+            "64MiB",
+        )
     writer, reader = clients(address, transport)
-    with writer, reader, (local if transport == "inproc" else contextlib.nullcontext()):
+    with writer, reader, local if transport == "inproc" else contextlib.nullcontext():
         writer.put("a", block(1))
-        assert reader.get("a") == block(1)        # cached while (perhaps) still in DRAM
+        assert reader.get("a") == block(1)  # cached while (perhaps) still in DRAM
         reader.get_many([])
-        wait_until(lambda: next(t.used for t in writer.stats().tiers if t.tier.value == "dram") == 0,
-                   what="the block to be demoted to SSD")
-        writer.put("b", block(2))                 # may land where a was in DRAM
-        assert reader.get("a") == block(1)        # the old place or the new: its own bytes
+        wait_until(
+            lambda: next(t.used for t in writer.stats().tiers if t.tier.value == "dram") == 0,
+            what="the block to be demoted to SSD",
+        )
+        writer.put("b", block(2))  # may land where a was in DRAM
+        assert reader.get("a") == block(1)  # the old place or the new: its own bytes
         assert reader.get("b") == block(2)

@@ -56,7 +56,7 @@ def test_batch_of_1000_small_blocks(client, settle):
     bufs = [bytearray(400) for _ in keys]
     sizes = client.get_many_into(keys, bufs)
     assert all(bytes(b[:n]) == v for b, n, v in zip(bufs, sizes, values))
-    assert client.match_prefix(keys[:10] + [f"{prefix}/missing"] + keys[10:]) == 10
+    assert client.match_prefix([*keys[:10], f"{prefix}/missing", *keys[10:]]) == 10
 
 
 def test_get_many_into_reports_misses_without_raising(client):
@@ -90,8 +90,9 @@ def test_eight_concurrent_clients(store, transport, client_config):
 
 def test_corrupted_replica_is_detected(client, settle, tier):
     if tier in GPU_TIERS:
-        pytest.skip("GPU memory is reachable only inside its daemon: tests/integration/test_gpu_tier.py "
-                    "corrupts it in process")
+        pytest.skip(
+            "GPU memory is reachable only inside its daemon: tests/integration/test_gpu_tier.py corrupts it in process"
+        )
     key = f"{ns()}/corrupt"
     client.put(key, payload(1, 4096))
     settle(client)
@@ -111,8 +112,10 @@ def test_corrupted_replica_is_detected(client, settle, tier):
 def assert_the_new_daemon_serves(client: KVClient) -> None:
     """After the daemon holding "before" went and another came: its segments are dropped, and
     the same client object is served by the new one."""
-    wait_until(lambda: len(client.stats().daemons) == 1 and client.stats().keys == 0,
-               what="the gone daemon's segments to be dropped")
+    wait_until(
+        lambda: len(client.stats().daemons) == 1 and client.stats().keys == 0,
+        what="the gone daemon's segments to be dropped",
+    )
     with pytest.raises(KeyNotFound):
         client.get("before")
     client.put("after", b"y" * 100_000)
@@ -123,13 +126,15 @@ def test_stopped_data_plane_fails_fast_and_restart_is_picked_up_in_process():
     """inproc's form of the killed-daemon case (a daemon in the test's own process cannot be
     SIGKILLed): its data plane stops while its segments stay mounted, then it goes and another
     daemon comes."""
-    with InProcessStore(FAST_LIVENESS, dram_size=64 << 20) as store, \
-            KVClient(store.address, ClientConfig(transports=("inproc",), timeout_s=3.0)) as client:
+    with (
+        InProcessStore(FAST_LIVENESS, dram_size=64 << 20) as store,
+        KVClient(store.address, ClientConfig(transports=("inproc",), timeout_s=3.0)) as client,
+    ):
         client.put("before", b"x" * 100_000)
         for server in store.daemon.servers:
             server.stop()
         with pytest.raises(TransportError):
-            client.get("before")                    # at once: no replica is reachable
+            client.get("before")  # at once: no replica is reachable
         store.daemon.stop()
         store.add_daemon(dram_size=64 << 20)
         assert_the_new_daemon_serves(client)
@@ -137,8 +142,10 @@ def test_stopped_data_plane_fails_fast_and_restart_is_picked_up_in_process():
 
 def test_killed_daemon_fails_fast_and_restart_is_picked_up(cluster, transport, pki):
     if transport == "inproc":
-        pytest.skip("a daemon in the test's own process cannot be SIGKILLed: "
-                    "test_stopped_data_plane_fails_fast_and_restart_is_picked_up_in_process is its form")
+        pytest.skip(
+            "a daemon in the test's own process cannot be SIGKILLed: "
+            "test_stopped_data_plane_fails_fast_and_restart_is_picked_up_in_process is its form"
+        )
     meta_tls, daemon_tls = _tls(pki)
     _, address = cluster.meta(FAST_LIVENESS, *meta_tls)
     daemon = cluster.daemon(address, "64MiB", FAST_LIVENESS, *SERVE_ALL, *daemon_tls)
@@ -149,7 +156,7 @@ def test_killed_daemon_fails_fast_and_restart_is_picked_up(cluster, transport, p
         started = time.monotonic()
         with pytest.raises((TransportError, KeyNotFound)):
             client.get("before")
-        assert time.monotonic() - started < 2 * cfg.timeout_s   # failed, not hung
+        assert time.monotonic() - started < 2 * cfg.timeout_s  # failed, not hung
 
         cluster.daemon(address, "64MiB", FAST_LIVENESS, *SERVE_ALL, *daemon_tls)
         assert_the_new_daemon_serves(client)

@@ -37,7 +37,7 @@ class MemoryStore:
         if self.gate is not None:
             self.gate.wait()
         self.reads += 1
-        out = []
+        out: list[int | Exception] = []
         for k, b in zip(keys, buffers):
             if k in self.fail_keys:
                 out.append(TransportError(f"injected: {k}"))
@@ -46,7 +46,7 @@ class MemoryStore:
             else:
                 view = byte_view(b, writable=True)
                 data = self.objects[k]
-                view[:len(data)] = data
+                view[: len(data)] = data
                 out.append(len(data))
         return out
 

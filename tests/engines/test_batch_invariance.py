@@ -58,7 +58,7 @@ def test_chunking_does_not_change_a_bit(model):
         want, want_cache, want_table = serve_alone(model, prompt)
         for _ in range(2):
             cuts = sorted(rng.sample(range(1, len(prompt)), min(3, len(prompt) - 1)))
-            cuts[-1] = len(prompt) - 1 if rng.random() < 0.3 else cuts[-1]        # a one-token last chunk
+            cuts[-1] = len(prompt) - 1 if rng.random() < 0.3 else cuts[-1]  # a one-token last chunk
             got, cache, table = serve_alone(model, prompt, cuts)
             assert torch.equal(got, want), cuts
             for a, b in zip(kv_of(cache, table, len(prompt)), kv_of(want_cache, want_table, len(prompt))):
@@ -66,7 +66,7 @@ def test_chunking_does_not_change_a_bit(model):
 
 
 def test_batching_does_not_change_a_bit(model):
-    batch = prompts(5, seed=3)[:4] + [[7] * 33]
+    batch = [*prompts(5, seed=3)[:4], [7] * 33]
     alone = [serve_alone(model, p)[0] for p in batch]
     cache = cache_for(model)
     tables = [cache.allocate(cache.shape.blocks_for(len(p) + 6)) for p in batch]
@@ -81,7 +81,7 @@ def test_batching_does_not_change_a_bit(model):
                 chunks.append(Chunk([int(rows[i][-1].argmax())], pos[i], tables[i]))
             elif i not in rows:
                 n = min(len(batch[i]) - pos[i], 97)
-                chunks.append(Chunk(batch[i][pos[i]:pos[i] + n], pos[i], tables[i]))
+                chunks.append(Chunk(batch[i][pos[i] : pos[i] + n], pos[i], tables[i]))
             else:
                 continue
             owners.append(i)
@@ -91,7 +91,7 @@ def test_batching_does_not_change_a_bit(model):
             if i in rows or pos[i] == len(batch[i]):
                 rows.setdefault(i, []).append(logits[row])
     for i in range(5):
-        assert torch.equal(torch.stack(rows[i]), alone[i][:len(rows[i])]), i
+        assert torch.equal(torch.stack(rows[i]), alone[i][: len(rows[i])]), i
 
 
 def test_recomputing_generated_tokens_as_a_prompt_gives_the_same_bits(model):
@@ -108,6 +108,6 @@ def test_silu_is_exact_per_element_and_close_to_torch():
     x = torch.linspace(-90, 90, 200_001)
     assert (_silu(x) - torch.nn.functional.silu(x)).abs().max() < 2e-6
     rows = torch.randn(67, 688, generator=torch.Generator().manual_seed(0)) * 4
-    alone = torch.cat([_silu(rows[i:i + 1]) for i in range(len(rows))])
-    for n in (1, 3, 17, 35, 67):                      # torch's own silu differs for odd row counts
+    alone = torch.cat([_silu(rows[i : i + 1]) for i in range(len(rows))])
+    for n in (1, 3, 17, 35, 67):  # torch's own silu differs for odd row counts
         assert torch.equal(_silu(rows[:n]), alone[:n])

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from kvstore.client import KVClient
-from kvstore.engines.codec import Granularity, KVBlockCodec, SchemeMismatch, layout_name
-from kvstore.engines.keys import KeyScheme
+from kvstore.engines.codec import KVBlockCodec, SchemeMismatch, layout_name
+from kvstore.engines.keys import Granularity, KeyScheme
 from tests.engines.fakes import MemoryStore
 
 BLOCKS, LAYERS = 12, 3
@@ -13,8 +13,11 @@ BLOCKS, LAYERS = 12, 3
 
 def planes(seed: int | None) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed or 0)
-    make = (lambda: torch.randn(BLOCKS, 2, 4, 2, 8, generator=gen)) if seed is not None else \
-        (lambda: torch.zeros(BLOCKS, 2, 4, 2, 8))
+    make = (
+        (lambda: torch.randn(BLOCKS, 2, 4, 2, 8, generator=gen))
+        if seed is not None
+        else (lambda: torch.zeros(BLOCKS, 2, 4, 2, 8))
+    )
     return [make() for _ in range(LAYERS)]
 
 
@@ -46,13 +49,13 @@ def test_round_trip_through_the_store(store, granularity):
     assert (saved.blocks_written, saved.error) == (5, None)
     assert saved.nbytes == 5 * saver.block_nbytes
     again = saver.save(hashes, src_ids)
-    assert (again.blocks_written, again.blocks_present) == (0, 5)   # content addressed: kept
+    assert (again.blocks_written, again.blocks_present) == (0, 5)  # content addressed: kept
     assert loader.cached_blocks(hashes) == 5
     loaded = loader.load(hashes, dst_ids)
     assert loaded.complete and loaded.error is None and loaded.nbytes == saved.nbytes
     for s, d in zip(saver.planes, loader.planes):
         assert torch.equal(s[src_ids], d[dst_ids])
-        assert not d[[0, 1, 3]].any()                                # nothing else was touched
+        assert not d[[0, 1, 3]].any()  # nothing else was touched
 
 
 def test_layer_by_layer_save_and_load(store):
@@ -60,7 +63,7 @@ def test_layer_by_layer_save_and_load(store):
     hashes = saver.scheme.block_hashes(list(range(8)))
     for layer in range(LAYERS - 1):
         saver.save(hashes, [0, 1], layers=[layer])
-    assert loader.cached_blocks(hashes) == 0                         # a block is cached only whole
+    assert loader.cached_blocks(hashes) == 0  # a block is cached only whole
     saver.save(hashes, [0, 1], layers=[LAYERS - 1])
     assert loader.cached_blocks(hashes) == 2
     assert loader.load(hashes, [5, 6], layers=[1]).complete

@@ -16,21 +16,22 @@ def test_workload_keeps_its_shape_across_salts():
     a, b = make_workload(cfg, 0), make_workload(cfg, 1)
     assert [(i.at_s, i.kind, len(i.prompt)) for i in a] == [(i.at_s, i.kind, len(i.prompt)) for i in b]
     assert [i.prompt for i in a] != [i.prompt for i in b]
-    shared = [i.prompt[:cfg.prefix_tokens] for i in a if i.kind == "shared"]
+    shared = [i.prompt[: cfg.prefix_tokens] for i in a if i.kind == "shared"]
     assert len(set(shared)) <= cfg.shared_prefixes < len(shared)
 
 
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_shaped_workloads(mix):
     a, b = make_shaped(ShapedConfig(mix, 60, 4.0), 0), make_shaped(ShapedConfig(mix, 60, 4.0), 1)
-    assert [(i.at_s, i.kind, len(i.prompt), i.max_tokens, i.follows) for i in a] == \
-           [(i.at_s, i.kind, len(i.prompt), i.max_tokens, i.follows) for i in b]
+    assert [(i.at_s, i.kind, len(i.prompt), i.max_tokens, i.follows) for i in a] == [
+        (i.at_s, i.kind, len(i.prompt), i.max_tokens, i.follows) for i in b
+    ]
     assert {i.kind for i in a} == set(MIXES[mix]) and len(a) == 60
     for i, item in enumerate(a):
         shape = SHAPES[item.kind]
         lo, hi = shape.input_tokens if item.follows is None else shape.follow_up_tokens
         assert lo <= len(item.prompt) <= hi and shape.output_tokens[0] <= item.max_tokens <= shape.output_tokens[1]
-        if item.follows is not None:                 # a later turn of the same kind of conversation
+        if item.follows is not None:  # a later turn of the same kind of conversation
             before = a[item.follows]
             assert item.follows < i and before.kind == item.kind == "chat"
             assert item.at_s >= before.at_s + shape.think_s
@@ -43,9 +44,28 @@ def test_demo_runs_and_plots(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     png, report = tmp_path / "demo.png", tmp_path / "demo.json"
-    args = parser.parse_args(["--workloads", "mixed", "--requests", "6", "--rate", "6", "--sweep", "0.5",
-                              "--serial-requests", "3", "--failure-rate", "1.0", "--plot", str(png),
-                              "--json", str(report), "--scenarios", "colocated,pd,hybrid,pd-failures"])
+    args = parser.parse_args(
+        [
+            "--workloads",
+            "mixed",
+            "--requests",
+            "6",
+            "--rate",
+            "6",
+            "--sweep",
+            "0.5",
+            "--serial-requests",
+            "3",
+            "--failure-rate",
+            "1.0",
+            "--plot",
+            str(png),
+            "--json",
+            str(report),
+            "--scenarios",
+            "colocated,pd,hybrid,pd-failures",
+        ]
+    )
     assert demo.run(args) == 0
     out = capsys.readouterr().out
     for scenario in ("colocated", "pd", "hybrid", "pd-failures"):

@@ -32,7 +32,7 @@ def test_same_logits_as_the_reference_forward(models):
     planes = new_planes(CONFIG, 16, BS, torch.device("cpu"))
     got = fast.forward(tokens, 0, planes, list(range(13)))
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
-    for layer, plane in enumerate(planes):                     # the KV it wrote is the reference's
+    for layer, plane in enumerate(planes):  # the KV it wrote is the reference's
         assert torch.allclose(plane[:13], cache.layers[layer][table], atol=1e-5)
 
 
@@ -43,10 +43,10 @@ def test_tail_after_moved_kv_gives_the_whole_pass(models):
     prefill = new_planes(CONFIG, 20, BS, torch.device("cpu"))
     fast.forward(tokens, 0, prefill, list(range(20)))
     decode = new_planes(CONFIG, 40, BS, torch.device("cpu"))
-    table = list(range(39, 19, -1))                             # other block ids, as another instance has
+    table = list(range(39, 19, -1))  # other block ids, as another instance has
     for layer in range(CONFIG.num_layers):
-        decode[layer][table[:18]] = prefill[layer][:18]          # 18 full blocks arrive from the store
-    tail = fast.forward(tokens[18 * BS:], 18 * BS, decode, table)
+        decode[layer][table[:18]] = prefill[layer][:18]  # 18 full blocks arrive from the store
+    tail = fast.forward(tokens[18 * BS :], 18 * BS, decode, table)
     assert torch.allclose(tail, whole, atol=1e-4, rtol=1e-4)
 
 
@@ -65,5 +65,5 @@ def test_on_cuda_the_same_logits_as_on_the_cpu(models):
     planes = new_planes(CONFIG, 20, BS, torch.device("cuda"))
     got = cuda.forward(tokens, 0, planes, list(range(20)))
     assert torch.allclose(got.cpu(), want, atol=1e-3, rtol=1e-3)
-    tail = cuda.forward(tokens[288:], 288, planes, list(range(20)))   # a tail over the cached KV, masked
+    tail = cuda.forward(tokens[288:], 288, planes, list(range(20)))  # a tail over the cached KV, masked
     assert torch.allclose(tail.cpu(), want, atol=1e-3, rtol=1e-3)

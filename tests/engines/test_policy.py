@@ -2,12 +2,20 @@
 
 import pytest
 
-from kvstore.clock import FakeClock
-from kvstore.engines.router.policy import (CostModel, CostPolicy, DynamoPolicy, FixedPolicy, InstanceLoad, Pools,
-                                           Route, RouteRequest)
-from kvstore.engines.router.telemetry import Telemetry
-from benchmarks.router_sim import SimParams, simulate
 from benchmarks.demo.workload import WorkloadConfig, make_workload
+from benchmarks.router_sim import SimParams, simulate
+from kvstore.clock import FakeClock
+from kvstore.engines.router.policy import (
+    CostModel,
+    CostPolicy,
+    DynamoPolicy,
+    FixedPolicy,
+    InstanceLoad,
+    Pools,
+    Route,
+    RouteRequest,
+)
+from kvstore.engines.router.telemetry import Telemetry
 
 POOLS = Pools(prefill=("P1", "P2"), decode=("D1", "D2"), colocated=("C",))
 MODEL = CostModel(kv_bytes_per_token=4096, default_bandwidth=1e9, default_prefill_tps=2000.0)
@@ -21,11 +29,11 @@ def policy(clock=None, model=MODEL):
 def test_a_cached_prefix_goes_straight_to_decode():
     p, _ = policy()
     d = p.decide(RouteRequest(2000, 1920), POOLS, {"D1": InstanceLoad(3, 500)})
-    assert (d.route, d.target, d.prefill) == (Route.DECODE, "D2", None)     # least-loaded decode
+    assert (d.route, d.target, d.prefill) == (Route.DECODE, "D2", None)  # least-loaded decode
     assert "cached" in d.reason
-    d = p.decide(RouteRequest(3000, 2950), POOLS, {})                         # 98% cached
+    d = p.decide(RouteRequest(3000, 2950), POOLS, {})  # 98% cached
     assert d.route is Route.DECODE
-    d = p.decide(RouteRequest(200, 160), POOLS, {})                          # only 40 tokens left
+    d = p.decide(RouteRequest(200, 160), POOLS, {})  # only 40 tokens left
     assert d.route is Route.DECODE
     assert p.decide(RouteRequest(2000, 1000), POOLS, {}).route is not Route.DECODE
 
@@ -48,7 +56,7 @@ def test_disaggregates_when_the_transfer_costs_less_than_it_saves():
     p, _ = policy()
     busy = {"C": InstanceLoad(requests=2, tokens=1500), "P1": InstanceLoad(1, 900), "D1": InstanceLoad(1, 0)}
     d = p.decide(RouteRequest(4000), POOLS, busy)
-    assert (d.route, d.prefill, d.target) == (Route.PD, "P2", "D2")          # load-aware on both sides
+    assert (d.route, d.prefill, d.target) == (Route.PD, "P2", "D2")  # load-aware on both sides
     assert d.transfer_s < d.saved_s and "pd:" in d.reason
 
 
@@ -61,11 +69,11 @@ def test_an_idle_colocated_instance_wins_over_any_transfer():
 def test_a_slow_link_measured_from_recent_transfers_keeps_requests_colocated():
     p, clock = policy()
     busy = {"C": InstanceLoad(requests=1, tokens=0)}
-    assert p.decide(RouteRequest(4000), POOLS, busy).route is Route.PD          # assumed 1 GB/s
-    p.telemetry.record_transfer(nbytes=10_000_000, seconds=1.0)               # measured: 10 MB/s
+    assert p.decide(RouteRequest(4000), POOLS, busy).route is Route.PD  # assumed 1 GB/s
+    p.telemetry.record_transfer(nbytes=10_000_000, seconds=1.0)  # measured: 10 MB/s
     d = p.decide(RouteRequest(4000), POOLS, busy)
     assert d.route is Route.COLOCATED and d.transfer_s >= d.saved_s and "10 MB/s" in d.reason
-    clock.advance(MODEL.window_s + 1)                                         # the measurement ages out
+    clock.advance(MODEL.window_s + 1)  # the measurement ages out
     assert p.telemetry.bandwidth() == MODEL.default_bandwidth
     assert p.decide(RouteRequest(4000), POOLS, busy).route is Route.PD
 
@@ -73,7 +81,7 @@ def test_a_slow_link_measured_from_recent_transfers_keeps_requests_colocated():
 def test_future_arrivals_at_the_colocated_instance_count():
     p, clock = policy()
     assert p.decide(RouteRequest(2000), POOLS, {}).route is Route.COLOCATED
-    for _ in range(20):                                                       # 2 req/s land on C
+    for _ in range(20):  # 2 req/s land on C
         p.telemetry.record_arrival("C")
         clock.advance(0.5)
     assert p.telemetry.arrival_rate("C") == pytest.approx(2.0)
@@ -82,7 +90,7 @@ def test_future_arrivals_at_the_colocated_instance_count():
 
 def test_every_decision_explains_its_estimate():
     p, _ = policy()
-    p.telemetry.record_transfer(nbytes=50_000_000, seconds=0.5)               # measured: 100 MB/s
+    p.telemetry.record_transfer(nbytes=50_000_000, seconds=0.5)  # measured: 100 MB/s
     loads = {"C": InstanceLoad(requests=3, tokens=800), "P1": InstanceLoad(1, 200), "P2": InstanceLoad(1, 200)}
     for req, rule in ((RouteRequest(300), "short"), (RouteRequest(4000), "cost"), (RouteRequest(2000, 1950), "cached")):
         d = p.decide(req, POOLS, loads)
@@ -114,7 +122,7 @@ def test_without_a_prefill_pool_everything_is_local():
 
 
 def test_prefill_throughput_is_measured():
-    p, clock = policy()
+    p, _clock = policy()
     p.telemetry.record_prefill(tokens=5000, seconds=1.0)
     p.telemetry.record_prefill(tokens=1000, seconds=1.0)
     assert p.telemetry.prefill_tps() == 3000.0
@@ -139,13 +147,16 @@ def _cost(req: RouteRequest, route: Route, loads, t: Telemetry, pools=POOLS) -> 
     """The documented cost of a route (what CostPolicy minimises)."""
     m, tps, bw = MODEL, t.prefill_tps(), t.bandwidth()
     n, u = req.prompt_tokens, req.uncached_tokens
-    link = lambda k: k * m.kv_bytes_per_token / bw
+
+    def link(k):
+        return k * m.kv_bytes_per_token / bw
 
     def delay(inst, k):
         lo = loads.get(inst, InstanceLoad())
         busy = k / tps
         streams = 0 if inst in pools.prefill else lo.requests
-        return lo.tokens / tps + m.interference_weight * (busy * streams + t.arrival_rate(inst) * busy ** 2 / 2)
+        return lo.tokens / tps + m.interference_weight * (busy * streams + t.arrival_rate(inst) * busy**2 / 2)
+
     if route is Route.PD:
         return u / tps + link(2 * n) + delay("P1", u)
     return u / tps + link(n - u) + delay("C", u)

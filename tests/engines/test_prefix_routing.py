@@ -3,7 +3,6 @@ instances' caches from vLLM's own KV event publisher and the store's from kvstor
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from kvstore.engines.keys import KeyScheme
 from kvstore.engines.router.affinity import PrefixAffinity
 from kvstore.engines.router.policy import CostModel, FixedPolicy, InstanceLoad, Pools, Route, RouteRequest
 from kvstore.engines.router.prefix_index import EventSource, PrefixIndex
-from tests.cluster import wait_until
+from tests.cluster import found, wait_until
 
 COLOCATED = Pools(colocated=("A", "B", "C"))
 PD = Pools(prefill=("P1", "P2"), decode=("D1", "D2"))
@@ -33,8 +32,9 @@ def test_the_instance_holding_the_prefix_gets_the_request():
 def test_without_cached_prefixes_it_is_the_wrapped_policy():
     inner = FixedPolicy(Route.COLOCATED, CostModel())
     loads = {"A": InstanceLoad(2, 300), "B": InstanceLoad(1, 100)}
-    assert colocated().decide(RouteRequest(1000), COLOCATED, loads) == inner.decide(RouteRequest(1000), COLOCATED,
-                                                                                     loads)
+    assert colocated().decide(RouteRequest(1000), COLOCATED, loads) == inner.decide(
+        RouteRequest(1000), COLOCATED, loads
+    )
     assert colocated().decide(RouteRequest(1000, 0, {"A": 0}), COLOCATED, loads).target == "C"
 
 
@@ -75,7 +75,7 @@ def test_the_index_learns_an_instance_from_vllms_publisher_and_the_store_from_kv
     from tests.vllm.harness import free_port
 
     proc, meta = cluster.meta({"KVSTORE_META_EVENTS_PORT": "0", "KVSTORE_LOG_LEVEL": "INFO"})
-    endpoint, replay = re.search(r"KV events: epoch \d+ on (\S+) \(replay (\S+)\)", "".join(proc.lines)).groups()
+    endpoint, replay = found(r"KV events: epoch \d+ on (\S+) \(replay (\S+)\)", "".join(proc.lines)).groups()
     cluster.daemon(meta, "64MiB")
     port, replay_port = free_port(), free_port()
     publisher = kv_events.ZmqEventPublisher(0, endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{replay_port}")
@@ -95,9 +95,22 @@ def test_the_index_learns_an_instance_from_vllms_publisher_and_the_store_from_kv
             wait_until(store_learned, what="the store's events to reach the router")
 
             def instance_learned() -> bool:
-                publisher.publish(kv_events.KVEventBatch(ts=time.time(), events=[kv_events.BlockStored(
-                    block_hashes=[11, 12], parent_block_hash=None, token_ids=tokens[:8], block_size=4,
-                    lora_id=None, medium="GPU", lora_name=None)]))
+                publisher.publish(
+                    kv_events.KVEventBatch(
+                        ts=time.time(),
+                        events=[
+                            kv_events.BlockStored(
+                                block_hashes=[11, 12],
+                                parent_block_hash=None,
+                                token_ids=tokens[:8],
+                                block_size=4,
+                                lora_id=None,
+                                medium="GPU",
+                                lora_name=None,
+                            )
+                        ],
+                    )
+                )
                 return index.lookup(tokens, "tiny/model").instance_tokens == {"http://a": 8}
 
             wait_until(instance_learned, what="vLLM's events to reach the router")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +21,7 @@ def prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(256) for _ in range(n)]
 
 
-def complete_on_any(routers: list[str], tokens: list[int], start: int) -> tuple[dict, int]:
+def complete_on_any(routers: list[str], tokens: list[int], start: int) -> tuple[dict[str, Any], int]:
     """POST to routers[start], and on a connection failure to the next: (answer, attempts)."""
     for attempt in range(2 * len(routers)):
         url = routers[(start + attempt) % len(routers)]
@@ -43,7 +44,7 @@ def test_killing_one_router_fails_no_request_retried_on_the_other():
         _, r2 = fleet.router([prefill], [decode], [colocated], meta)
         routers = [r1, r2]
         baseline = {i: complete_on_any([r2], prompt(40 + 30 * (i % 5), i), 0)[0] for i in range(5)}
-        answers: dict[int, dict] = {}
+        answers: dict[int, dict[str, Any]] = {}
         retried: list[int] = []
         killed = threading.Event()
 
@@ -55,7 +56,7 @@ def test_killing_one_router_fails_no_request_retried_on_the_other():
                 if attempts > 1:
                     retried.append(i)
                 if worker == 0 and n == 1:
-                    first.kill()                     # the first router dies mid-workload
+                    first.kill()  # the first router dies mid-workload
                     killed.set()
 
         threads = [threading.Thread(target=client, args=(w,)) for w in range(3)]
@@ -63,6 +64,6 @@ def test_killing_one_router_fails_no_request_retried_on_the_other():
             t.start()
         for t in threads:
             t.join(300)
-        assert killed.is_set() and len(answers) == 18         # every request completed
-        for i, answer in answers.items():                    # with the same tokens as without the kill
+        assert killed.is_set() and len(answers) == 18  # every request completed
+        for i, answer in answers.items():  # with the same tokens as without the kill
             assert answer["choices"][0]["token_ids"] == baseline[i % 5]["choices"][0]["token_ids"]

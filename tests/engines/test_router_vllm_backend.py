@@ -18,15 +18,24 @@ from kvstore.engines.router.telemetry import Telemetry
 from kvstore.engines.router.vllm_backend import CHARS_PER_TOKEN, VLLMBackend
 
 P, D = "http://prefill", "http://decode"
+POOLS = Pools((P,), (D,))
 PARAMS = {"kvstore_blocks": 3, "kvstore_block_size": 32, "kvstore_fingerprint": "f"}
 
 
 class FakeVLLM:
     """Two vLLM OpenAI servers: `sent` records each request body by (host, path)."""
 
-    def __init__(self, *, token_ids: bool = True, tokenize: bool = True, decode_fails_with_params: bool = False,
-                 prefill_status: int = 200, decode_status: int = 200, models: dict[str, str] | None = None,
-                 params: dict[str, Any] = PARAMS) -> None:
+    def __init__(
+        self,
+        *,
+        token_ids: bool = True,
+        tokenize: bool = True,
+        decode_fails_with_params: bool = False,
+        prefill_status: int = 200,
+        decode_status: int = 200,
+        models: dict[str, str] | None = None,
+        params: dict[str, Any] = PARAMS,
+    ) -> None:
         self.params = params
         self.token_ids = token_ids
         self.tokenize = tokenize
@@ -52,12 +61,18 @@ class FakeVLLM:
         if host == "prefill":
             if self.prefill_status != 200:
                 return httpx.Response(self.prefill_status, json={"error": {"message": "prefill broke"}})
-            return httpx.Response(200, json={"choices": [{"index": 0, "text": " ka", "finish_reason": "length"}],
-                                             "usage": {"prompt_tokens": 100, "completion_tokens": 1},
-                                             "kv_transfer_params": self.params})
+            return httpx.Response(
+                200,
+                json={
+                    "choices": [{"index": 0, "text": " ka", "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 1},
+                    "kv_transfer_params": self.params,
+                },
+            )
         if self.decode_status != 200:
-            return httpx.Response(self.decode_status, json={"error": {"message": "bad max_tokens",
-                                                                      "type": "BadRequestError"}})
+            return httpx.Response(
+                self.decode_status, json={"error": {"message": "bad max_tokens", "type": "BadRequestError"}}
+            )
         if self.decode_fails_with_params and body.get("kv_transfer_params"):
             return httpx.Response(500, json={"error": {"message": "load failed"}})
         return httpx.Response(200, content=self._stream(body), headers={"content-type": "text/event-stream"})
@@ -70,15 +85,24 @@ class FakeVLLM:
                 choice["token_ids"] = [10 + i]
             if i == 0 and self.token_ids:
                 choice["prompt_token_ids"] = list(range(100))
-            events.append({"id": "cmpl-x", "object": "text_completion", "created": 1, "model": "tiny",
-                           "choices": [choice]})
-        events.append({"id": "cmpl-x", "object": "text_completion", "created": 1, "model": "tiny", "choices": [],
-                       "usage": {"prompt_tokens": 100, "completion_tokens": 3, "total_tokens": 103}})
+            events.append(
+                {"id": "cmpl-x", "object": "text_completion", "created": 1, "model": "tiny", "choices": [choice]}
+            )
+        events.append(
+            {
+                "id": "cmpl-x",
+                "object": "text_completion",
+                "created": 1,
+                "model": "tiny",
+                "choices": [],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 3, "total_tokens": 103},
+            }
+        )
         return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
-def serve(fake: FakeVLLM, body: dict[str, Any], pools: Pools = Pools((P,), (D,))) -> tuple[list[dict], Router]:
-    async def go() -> tuple[list[dict], Router]:
+def serve(fake: FakeVLLM, body: dict[str, Any], pools: Pools = POOLS) -> tuple[list[dict[str, Any]], Router]:
+    async def go() -> tuple[list[dict[str, Any]], Router]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(fake.handler)) as http:
             backend = VLLMBackend(kv_bytes_per_token=1024)
             found = await backend.discover(http, pools)
@@ -86,6 +110,7 @@ def serve(fake: FakeVLLM, body: dict[str, Any], pools: Pools = Pools((P,), (D,))
             telemetry = Telemetry(model)
             router = Router(pools, FixedPolicy(Route.PD, model), telemetry, backend, http, MetricsSink("router"))
             return [e async for e in router.complete(body)], router
+
     return asyncio.run(go())
 
 
@@ -98,7 +123,7 @@ def test_pd_prefills_with_one_token_and_hands_kv_transfer_params_to_decode():
     (prefill,), (decode,) = fake.bodies("prefill"), fake.bodies("decode")
     assert prefill["max_tokens"] == 1 and prefill["stream"] is False
     assert prefill["kv_transfer_params"] == {"do_remote_decode": True}
-    assert prefill["model"] == "tiny" and prefill["prompt"] == BODY["prompt"]      # text: vLLM tokenizes
+    assert prefill["model"] == "tiny" and prefill["prompt"] == BODY["prompt"]  # text: vLLM tokenizes
     assert prefill["temperature"] == 0 and prefill["ignore_eos"] is True
     assert decode["kv_transfer_params"] == PARAMS and decode["max_tokens"] == 3
     assert decode["stream"] is True and decode["return_token_ids"] is True
@@ -106,7 +131,7 @@ def test_pd_prefills_with_one_token_and_hands_kv_transfer_params_to_decode():
     assert fake.bodies("prefill", "/tokenize") == [{"model": "tiny", "prompt": BODY["prompt"]}]
     assert "".join(e["choices"][0]["text"] for e in events) == " ka lo mi"
     assert [t for e in events for t in e["choices"][0]["token_ids"]] == [10, 11, 12]
-    assert all("prompt_token_ids" not in e["choices"][0] for e in events)     # not asked for
+    assert all("prompt_token_ids" not in e["choices"][0] for e in events)  # not asked for
     assert len({e["id"] for e in events}) == 1
     last = events[-1]
     assert last["usage"]["completion_tokens"] == 3 and last["choices"][0]["finish_reason"] == "length"
@@ -118,7 +143,7 @@ def test_pd_prefills_with_one_token_and_hands_kv_transfer_params_to_decode():
     # What the decode instance loaded or recomputed is not in vLLM's stream: unknown, not 0.
     for unmeasured in ("cached_tokens", "recompute_tokens", "kv_load_bytes", "kv_load_s", "kv_load_failed"):
         assert rec[unmeasured] is None, unmeasured
-    assert router.telemetry.prefill_tps() != router.telemetry.model.default_prefill_tps   # measured
+    assert router.telemetry.prefill_tps() != router.telemetry.model.default_prefill_tps  # measured
     assert all(load.requests == 0 and load.tokens == 0 for load in router.loads().values())
 
 
@@ -183,8 +208,12 @@ def test_instances_serving_different_models_are_refused():
 def test_a_prefill_whose_saves_failed_hands_over_nothing_and_says_so():
     """Issue 18: the connector reports that kvstore holds none of the blocks (a dead store): the
     decode instance is not told to wait for them, and the record and counters show the fallback."""
-    failed = {"kvstore_blocks": 0, "kvstore_block_size": 32, "kvstore_lookup_failed": True,
-              "kvstore_save_error": "kvstore did not answer: the saves are unconfirmed"}
+    failed = {
+        "kvstore_blocks": 0,
+        "kvstore_block_size": 32,
+        "kvstore_lookup_failed": True,
+        "kvstore_save_error": "kvstore did not answer: the saves are unconfirmed",
+    }
     fake = FakeVLLM(params=failed)
     events, router = serve(fake, BODY)
     (decode,) = fake.bodies("decode")

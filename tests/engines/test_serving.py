@@ -5,6 +5,7 @@ import random
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
@@ -19,13 +20,14 @@ def prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(256) for _ in range(n)]
 
 
-def complete(url: str, tokens: list[int], max_tokens: int = 10, stream: bool = False) -> dict:
+def complete(url: str, tokens: list[int], max_tokens: int = 10, stream: bool = False) -> dict[str, Any]:
     body = {"prompt": tokens, "max_tokens": max_tokens, "stream": stream}
     if not stream:
         resp = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
         resp.raise_for_status()
         return resp.json()
-    ids, last = [], None
+    ids: list[int] = []
+    last: dict[str, Any] | None = None
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as resp:
         for line in resp.iter_lines():
             if line.startswith("data: {"):
@@ -33,6 +35,7 @@ def complete(url: str, tokens: list[int], max_tokens: int = 10, stream: bool = F
 
                 last = json.loads(line[6:])
                 ids += last["choices"][0]["token_ids"]
+    assert last is not None, "no data in the stream"
     last["choices"][0]["token_ids"] = ids
     return last
 
@@ -40,8 +43,11 @@ def complete(url: str, tokens: list[int], max_tokens: int = 10, stream: bool = F
 def metric(url: str, name: str, **labels: str) -> float:
     """The sum of a Prometheus metric's samples whose labels include `labels`."""
     text = httpx.get(f"{url}/metrics").text
-    return sum(float(v) for found, v in re.findall(rf"^{name}(\{{[^}}]*\}})? (\S+)$", text, re.M)
-               if all(f'{k}="{val}"' in found for k, val in labels.items()))
+    return sum(
+        float(v)
+        for found, v in re.findall(rf"^{name}(\{{[^}}]*\}})? (\S+)$", text, re.M)
+        if all(f'{k}="{val}"' in found for k, val in labels.items())
+    )
 
 
 @pytest.fixture
@@ -82,11 +88,11 @@ def test_killing_the_storage_daemon_mid_run_still_completes_every_request(fleet,
     _, router = fleet.router([prefill], [decode], [colocated], meta, "--policy", "pd")
     prompts = [prompt(300 + 40 * i, seed=10 + i) for i in range(8)]
     want = {i: complete(colocated, p)["choices"][0]["token_ids"] for i, p in enumerate(prompts)}
-    assert complete(router, prompts[0])["kvstore"]["fallback"] is None          # healthy first
+    assert complete(router, prompts[0])["kvstore"]["fallback"] is None  # healthy first
 
     first_done = threading.Event()
 
-    def send(i: int) -> dict:
+    def send(i: int) -> dict[str, Any]:
         out = complete(router, prompts[i], stream=True)
         first_done.set()
         return out
@@ -94,9 +100,9 @@ def test_killing_the_storage_daemon_mid_run_still_completes_every_request(fleet,
     with ThreadPoolExecutor(4) as pool:
         in_flight = [pool.submit(send, i) for i in range(1, 5)]
         first_done.wait(120)
-        daemon.kill()                                                           # mid-run
+        daemon.kill()  # mid-run
         results = {i: f.result() for i, f in zip(range(1, 5), in_flight)}
-    for i in range(5, 8):                                                       # after the kill
+    for i in range(5, 8):  # after the kill
         results[i] = complete(router, prompts[i], stream=True)
     for i, r in results.items():
         assert r["choices"][0]["token_ids"] == want[i], i
@@ -127,11 +133,14 @@ def test_a_dead_store_shows_in_every_record_and_counter(fleet):
     healthy = complete(router, prompts[0], stream=True)["kvstore"]
     assert healthy["fallback"] is None and healthy["kv_missing_tokens"] == 0, healthy
     assert (healthy["kv_lookup_failed"], healthy["kv_save_failed"], healthy["kv_load_failed"]) == (False, False, False)
-    assert healthy["cached_tokens"] == (200 - 1) // 16 * 16 and healthy["recompute_tokens"] == 200 - healthy["cached_tokens"]
+    assert (
+        healthy["cached_tokens"] == (200 - 1) // 16 * 16
+        and healthy["recompute_tokens"] == 200 - healthy["cached_tokens"]
+    )
 
     first_done = threading.Event()
 
-    def send(i: int) -> dict:
+    def send(i: int) -> dict[str, Any]:
         out = complete(router, prompts[i], stream=True)
         first_done.set()
         return out
@@ -139,15 +148,15 @@ def test_a_dead_store_shows_in_every_record_and_counter(fleet):
     with ThreadPoolExecutor(4) as pool:
         in_flight = [pool.submit(send, i) for i in range(1, 5)]
         first_done.wait(120)
-        store.kill()                                                            # mid-run
+        store.kill()  # mid-run
         results = {i: f.result() for i, f in zip(range(1, 5), in_flight)}
-    for i in range(5, 8):                                                       # after the kill
+    for i in range(5, 8):  # after the kill
         results[i] = complete(router, prompts[i], stream=True)
     for i, r in results.items():
         rec = r["kvstore"]
         assert r["choices"][0]["token_ids"] == want[i], i
         assert rec["error"] is None and rec["route"] == "pd"
-        assert rec["cached_tokens"] + rec["recompute_tokens"] == rec["prompt_tokens"], rec    # all measured
+        assert rec["cached_tokens"] + rec["recompute_tokens"] == rec["prompt_tokens"], rec  # all measured
         assert (rec["fallback"] is None) == (rec["kv_missing_tokens"] == 0), rec
     for i in range(5, 8):
         rec = results[i]["kvstore"]
@@ -156,7 +165,14 @@ def test_a_dead_store_shows_in_every_record_and_counter(fleet):
         assert rec["kv_missing_tokens"] == (rec["prompt_tokens"] - 1) // 16 * 16
     assert metric(router, "kvstore_router_fallbacks_total") >= 3
     for stage, url in (("lookup", router), ("save", router), ("save", prefill), ("lookup", decode)):
-        assert metric(url, "kvstore_router_kv_failures_total" if url == router else "kvstore_engine_kv_failures_total",
-                      stage=stage) >= 3, (stage, url)
+        assert (
+            metric(
+                url,
+                "kvstore_router_kv_failures_total" if url == router else "kvstore_engine_kv_failures_total",
+                stage=stage,
+            )
+            >= 3
+        ), (stage, url)
     assert metric(router, "kvstore_router_tokens_total", kind="kv_missing") >= sum(
-        results[i]["kvstore"]["kv_missing_tokens"] for i in range(5, 8))
+        results[i]["kvstore"]["kv_missing_tokens"] for i in range(5, 8)
+    )

@@ -13,7 +13,7 @@ STREAM += "data: [DONE]\r\n\r\n"
 
 async def _chunks(data: str, size: int):
     for i in range(0, len(data), size):
-        yield data[i:i + size]
+        yield data[i : i + size]
 
 
 def texts(size: int) -> list[str]:

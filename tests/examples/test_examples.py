@@ -40,11 +40,19 @@ def test_pd_with_the_reference_engine():
 @pytest.mark.slow
 @needs_vllm
 @pytest.mark.timeout(900)
-def test_vllm_1p1d(tiny_model):
-    out = run("bash", "examples/vllm_1p1d.sh", timeout=840, env={
-        "MODEL": tiny_model, "KV_CACHE_BYTES": str(64 << 20),
-        "VLLM_ARGS": "--dtype float32 --block-size 32 --max-model-len 4096 --enforce-eager",
-        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
+def test_vllm_1p1d(tiny_model):  # noqa: F811 - the fixture imported above
+    out = run(
+        "bash",
+        "examples/vllm_1p1d.sh",
+        timeout=840,
+        env={
+            "MODEL": tiny_model,
+            "KV_CACHE_BYTES": str(64 << 20),
+            "VLLM_ARGS": "--dtype float32 --block-size 32 --max-model-len 4096 --enforce-eager",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        },
+    )
     assert "route: pd" in out and "text: '" in out
     loaded = [line for line in out.splitlines() if line.startswith("vllm:kvstore_load_blocks_total")]
     assert loaded and float(loaded[0].split()[-1]) > 0, out

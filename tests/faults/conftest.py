@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ def faults() -> Iterator[Cluster]:
     c.close()
 
 
-def rss_kib(proc: Proc | subprocess.Popen) -> int:
+def rss_kib(proc: Proc | subprocess.Popen[Any]) -> int:
     """Resident memory of a process, KiB."""
     pid = proc.pid
     with open(f"/proc/{pid}/status") as fh:

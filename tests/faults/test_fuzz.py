@@ -15,6 +15,7 @@ from kvstore.metaclient.client import MetaClient
 from kvstore.transport import tcp_wire
 from kvstore.wire import frames as fastrpc
 from tests.cluster import ADMIN_TOKEN, Cluster
+from tests.meta_helpers import endpoint_address
 
 COMMITTED = {f"keep/{i}": bytes([i]) * (4096 + i) for i in range(10)}
 
@@ -26,7 +27,7 @@ def target():
     with KVClient(meta, ClientConfig(transports=("tcp",))) as client:
         client.put_many(list(COMMITTED), list(COMMITTED.values()))
         segment = client.stats().daemons[0].segments[0]
-        tcp = segment.endpoint("tcp").address
+        tcp = endpoint_address(segment, "tcp")
     lane = MetaClient(meta).service_info().fast_lane_port
     yield meta, lane, tcp
     with KVClient(meta, ClientConfig(transports=("tcp",))) as client:

@@ -18,6 +18,7 @@ from kvstore.transport.base import Transfer
 from kvstore.transport.tcp_client import TcpTransport
 from kvstore.transport.tcp_wire import REPLY_HEADER, encode_request, recv_exact
 from tests.cluster import wait_until
+from tests.meta_helpers import endpoint_address
 
 SIZE = 1 << 20
 SHORT = {"KVSTORE_META_LEASE_TTL_S": "2", "KVSTORE_META_WRITE_GRANT_TTL_S": "2", "KVSTORE_META_PUT_LEASE_TTL_S": "3"}
@@ -94,7 +95,7 @@ def test_a_stalled_writer_is_cut_off_at_its_grant_and_others_are_served(faults, 
     with MetaClient(one_segment) as meta, KVClient(one_segment, ClientConfig(transports=("tcp",))) as client:
         reply = meta.put_start(["slow"], [SIZE])
         [grant] = reply.results[0].grants
-        address = reply.segments[grant.segment_id].endpoint("tcp").address
+        address = endpoint_address(reply.segments[grant.segment_id], "tcp")
         host, port = address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(encode_request(grant.segment_id, grant.mode, [grant]) + b"s" * 1000)  # then stalls
@@ -119,7 +120,7 @@ def test_a_daemon_refuses_a_read_grant_once_it_expired(faults, one_segment):
         tcp_put(meta, tcp, "a", b"A" * 4096)
         got = meta.get(["a"], client_id="r")
         grant = got.results[0].grants[0]
-        host, port = got.segments[grant.segment_id].endpoint("tcp").address.rsplit(":", 1)
+        host, port = endpoint_address(got.segments[grant.segment_id], "tcp").rsplit(":", 1)
         wait_until(lambda: grant.expires_ms < time.time() * 1000 - 100, timeout=10, what="the grant to expire")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(encode_request(grant.segment_id, grant.mode, [grant]))

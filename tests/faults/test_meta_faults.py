@@ -47,8 +47,11 @@ def test_a_killed_service_restarted_on_its_port_is_found_again_by_daemons_and_cl
         wait_until(lambda: _daemons(client) == 1, timeout=30, what="the daemon to mount again")
         client.put("after", b"a")
         assert client.get("after") == b"a"
-        wait_until(lambda: client.exists("after") and client.meta.fast_lane_port != 0, timeout=20,
-                   what="the client back on the new service's fast lane")
+        wait_until(
+            lambda: client.exists("after") and client.meta.fast_lane_port != 0,
+            timeout=20,
+            what="the client back on the new service's fast lane",
+        )
 
 
 def _state(pid: int) -> str:

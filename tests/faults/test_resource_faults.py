@@ -22,6 +22,7 @@ from kvstore.types import MAX_BATCH_KEYS
 from kvstore.wire import frames as fastrpc
 from tests.cluster import ADMIN_TOKEN, wait_until
 from tests.faults.conftest import rss_kib
+from tests.meta_helpers import endpoint_address
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def test_item_tables_announcing_65536_grants_cost_the_daemon_nothing_until_they_
     with KVClient(meta, ClientConfig(transports=("tcp",))) as client:
         client.put("k", b"v")
         segment = client.stats().daemons[0].segments[0]
-        host, port = segment.endpoint("tcp").address.rsplit(":", 1)
+        host, port = endpoint_address(segment, "tcp").rsplit(":", 1)
         before = rss_kib(proc)
         socks = []
         for _ in range(40):
@@ -135,8 +136,9 @@ def test_a_maximum_batch_does_not_stall_another_callers_exists(served):
     with KVClient(meta) as big:
         with pytest.raises(InvalidArgument, match="limit"):
             big.exists_many([*keys, "one/more"])
-        poller = subprocess.Popen([sys.executable, "-c", _POLLER, meta], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+        poller = subprocess.Popen(
+            [sys.executable, "-c", _POLLER, meta], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         try:
             assert poller.stdout is not None and poller.stdout.readline() == "ready\n"
             started = time.perf_counter()

@@ -41,7 +41,9 @@ def ha() -> Iterator[Cluster]:
     c.close()
 
 
-def meta_on(cluster: Cluster, redis: RedisServer | RedisClusterServer, *extra: str, env: dict[str, str] | None = None) -> tuple[Proc, str, str]:
+def meta_on(
+    cluster: Cluster, redis: RedisServer | RedisClusterServer, *extra: str, env: dict[str, str] | None = None
+) -> tuple[Proc, str, str]:
     """A metadata service on `redis`: (process, address, admin address)."""
     proc, address = cluster.meta({**FAST, "KVSTORE_META_REDIS_URL": redis.url, **(env or {})}, *extra)
     admin = re.search(r"admin=(\S+)", proc.ready_line)

@@ -36,7 +36,7 @@ def aof_everysec(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def test_a_redis_without_its_aof_is_refused_naming_the_way_out(ha: Cluster, bare_redis):
-    with pytest.raises(RuntimeError, match="appendonly no.*durability-unchecked"):
+    with pytest.raises(RuntimeError, match=r"appendonly no.*durability-unchecked"):
         meta_on(ha, bare_redis)
 
 
@@ -84,4 +84,3 @@ def test_a_writer_whose_epoch_repeats_after_a_lost_incr_is_fenced_by_its_lease_t
     client.delete(keys.leader)  # the lease ran out and nobody holds it: nobody writes
     with pytest.raises(Exception, match="FENCED"):
         records.writer(7, "successor")(Changes(objects={"k2": b"x"}))
-

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -78,10 +79,11 @@ class PutStream:
         self._thread.join(30)
 
 
-def invariants(admin: str) -> dict:
+def invariants(admin: str) -> dict[str, Any]:
     """/debug/invariants, the operator's call (an O(N) walk under the store's lock)."""
-    request = urllib.request.Request(f"http://{admin}/debug/invariants",
-                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    request = urllib.request.Request(
+        f"http://{admin}/debug/invariants", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
     with urllib.request.urlopen(request, timeout=10) as r:
         return json.loads(r.read())
 
@@ -95,11 +97,11 @@ def test_a_restarted_service_recovers_every_committed_key_of_live_daemons(ha, re
     with KVClient(address) as client:
         wait_until(lambda: writes_open(address), timeout=30, what="the first leader to open")
         client.put_many(keys, [value(k) for k in keys])
-    proc.kill()                                              # kill -9, no standby
-    _, _, admin = meta_on(ha, redis, "--port", port)         # the same Redis, the same address
+    proc.kill()  # kill -9, no standby
+    _, _, admin = meta_on(ha, redis, "--port", port)  # the same Redis, the same address
     wait_until(lambda: writes_open(address), timeout=60, what="the restarted service to reconcile")
     with KVClient(address) as client:
-        assert client.get_many(keys) == [value(k) for k in keys]       # 100 % of the committed keys
+        assert client.get_many(keys) == [value(k) for k in keys]  # 100 % of the committed keys
         client.put("after", b"a")
         assert client.get("after") == b"a"
     assert invariants(admin)["ok"] is True
@@ -108,7 +110,7 @@ def test_a_restarted_service_recovers_every_committed_key_of_live_daemons(ha, re
 def test_kill9_of_the_leader_in_a_put_stream_loses_no_acknowledged_put(ha, redis):
     a, addr_a, _ = meta_on(ha, redis)
     wait_until(lambda: leader_of(addr_a), timeout=30, what="a leader")
-    b, addr_b, admin_b = meta_on(ha, redis)
+    _b, addr_b, admin_b = meta_on(ha, redis)
     both = f"{addr_a},{addr_b}"
     for _ in range(2):
         ha.daemon(both, "64MiB", FAST)
@@ -126,14 +128,14 @@ def test_kill9_of_the_leader_in_a_put_stream_loses_no_acknowledged_put(ha, redis
     # Writes open at once; a daemon's replicas are read once it has mounted its segments again.
     wait_until(lambda: writes_open(addr_b), timeout=60, what="every daemon to mount its segments again")
     with KVClient(addr_b) as client:
-        assert client.get_many(acked) == [value(k) for k in acked]      # every acknowledged put
+        assert client.get_many(acked) == [value(k) for k in acked]  # every acknowledged put
         for start in range(0, len(failed), 1000):
             part = failed[start : start + 1000]
-            for key, got in zip(part, client.get_many_into(part, [bytearray(8192) for _ in part], strict=False)):
-                if isinstance(got, int):                                # a put that failed late: whole
+            for _key, got in zip(part, client.get_many_into(part, [bytearray(8192) for _ in part], strict=False)):
+                if isinstance(got, int):  # a put that failed late: whole
                     assert got == 8192
                 else:
-                    assert isinstance(got, KVStoreError)                # or absent; never half-visible
+                    assert isinstance(got, KVStoreError)  # or absent; never half-visible
     assert invariants(admin_b)["ok"] is True
     print(f"failover: first acknowledged put {failover_s:.2f} s after the leader died (lease TTL 2 s)")
 
@@ -147,7 +149,7 @@ def test_a_paused_leader_is_fenced_and_steps_down(ha, redis):
     wait_until(lambda: writes_open(addr_a), timeout=30, what="writes open")
     with KVClient(both) as client:
         client.put("before", b"b" * 100)
-    os.kill(a.pid, signal.SIGSTOP)                           # past its lease
+    os.kill(a.pid, signal.SIGSTOP)  # past its lease
     try:
         wait_until(lambda: leader_of(addr_b) == addr_b, timeout=30, what="the standby to take over")
         wait_until(lambda: writes_open(addr_b), timeout=60, what="the new leader to open")
@@ -155,9 +157,9 @@ def test_a_paused_leader_is_fenced_and_steps_down(ha, redis):
             client.put("during", b"d" * 100)
     finally:
         os.kill(a.pid, signal.SIGCONT)
-    old = MetaChannel(addr_a, 5.0, token=ADMIN_TOKEN)       # the old leader itself, no redirection
+    old = MetaChannel(addr_a, 5.0, token=ADMIN_TOKEN)  # the old leader itself, no redirection
     try:
-        with pytest.raises((NotLeader, Unavailable)):        # it cannot change anything
+        with pytest.raises((NotLeader, Unavailable)):  # it cannot change anything
             old.call("PutStart", pb.PutStartRequest(keys=["from-old"], sizes=[10], replica_num=1))
         wait_until(lambda: _role(old) == "standby", timeout=30, what="the old leader to step down")
         with pytest.raises(NotLeader) as refusal:
@@ -165,7 +167,7 @@ def test_a_paused_leader_is_fenced_and_steps_down(ha, redis):
         assert refusal.value.leader == addr_b
     finally:
         old.close()
-    with KVClient(both) as client:                           # clients follow to the leader
+    with KVClient(both) as client:  # clients follow to the leader
         assert client.get("before") == b"b" * 100 and client.get("during") == b"d" * 100
         assert client.exists("from-old") is False
 
@@ -194,10 +196,10 @@ def test_redis_lost_while_serving_fails_writes_typed_and_reads_within_the_lease(
             assert client.get("kept") == b"k" * 100
         except Unavailable:
             pass
-        redis.start()                                        # its AOF comes back with it
+        redis.start()  # its AOF comes back with it
         wait_until(lambda: _put(client, "after", b"a" * 100), timeout=60, what="writes back by themselves")
         assert client.get("kept") == b"k" * 100 and client.get("after") == b"a" * 100
-        assert client.exists("during") is False              # never acknowledged, not kept
+        assert client.exists("during") is False  # never acknowledged, not kept
 
 
 def _put(client: KVClient, key: str, data: bytes) -> bool:
@@ -215,13 +217,16 @@ def test_another_schemas_records_are_refused(redis):
         spawn(["meta", "--port", "0"], {**FAST, "KVSTORE_META_REDIS_URL": redis.url}, timeout=30)
     assert "schema" in str(failed.value) and "Traceback" not in str(failed.value)
     # another cluster on the same Redis has keys of its own
-    proc = spawn(["meta", "--port", "0"], {**FAST, "KVSTORE_META_REDIS_URL": redis.url,
-                                            "KVSTORE_META_CLUSTER": "other"}, timeout=30)
+    proc = spawn(
+        ["meta", "--port", "0"],
+        {**FAST, "KVSTORE_META_REDIS_URL": redis.url, "KVSTORE_META_CLUSTER": "other"},
+        timeout=30,
+    )
     proc.stop()
 
 
 def test_a_32_key_put_end_is_one_redis_round_trip(ha, redis):
-    quiet = {"KVSTORE_META_LEADER_TTL_S": "60", "KVSTORE_META_LEADER_RENEW_S": "20"}   # few renewals meanwhile
+    quiet = {"KVSTORE_META_LEADER_TTL_S": "60", "KVSTORE_META_LEADER_RENEW_S": "20"}  # few renewals meanwhile
     _, address, _ = meta_on(ha, redis, env=quiet)
     ha.daemon(address, "64MiB", FAST)
     wait_until(lambda: writes_open(address), timeout=30, what="writes open")
@@ -236,8 +241,8 @@ def test_a_32_key_put_end_is_one_redis_round_trip(ha, redis):
 
 def test_the_cli_runs_a_pair_on_redis_and_stat_shows_the_election(ha, redis):
     env = {"KVSTORE_META_REDIS_URL": "", "KVSTORE_META_ADMIN_PORT": "-1"}  # the flags alone
-    first, a, _ = meta_on(ha, redis, "--redis", redis.url, "--cluster", "cli", env=env)
-    second, b, _ = meta_on(ha, redis, "--redis", redis.url, "--cluster", "cli", env=env)
+    _first, a, _ = meta_on(ha, redis, "--redis", redis.url, "--cluster", "cli", env=env)
+    _second, b, _ = meta_on(ha, redis, "--redis", redis.url, "--cluster", "cli", env=env)
     leader = wait_until(lambda: leader_of(a, b), what="a leader")
     standby = b if leader == a else a
     wait_until(lambda: standby in _stat(leader), what="the standby listed")
@@ -250,8 +255,13 @@ def _stat(address: str) -> str:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "kvstore", "stat", "--meta", address], capture_output=True,
-                          text=True, timeout=60, env=dict(os.environ, KVSTORE_SECRET="x"))
+    done = subprocess.run(
+        [sys.executable, "-m", "kvstore", "stat", "--meta", address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, KVSTORE_SECRET="x"),
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -279,8 +289,8 @@ def test_tenants_and_their_tokens_survive_a_restart_on_redis(ha, redis):
     wait_until(lambda: writes_open(address), timeout=60, what="the restarted service to reconcile")
     with KVClient(address, ClientConfig(token=kept)) as client:
         assert client.get("mine") == b"tenant bytes"
-        assert client.stats().tiers[0].capacity == 1 << 20    # its quota came back too
+        assert client.stats().tiers[0].capacity == 1 << 20  # its quota came back too
     with KVClient(address) as operator:
-        assert operator.exists_many(["mine"]) == [False]      # still in its own namespace
+        assert operator.exists_many(["mine"]) == [False]  # still in its own namespace
     with pytest.raises(Unauthenticated), KVClient(address, ClientConfig(token=dropped)) as client:
         client.exists_many(["mine"])

@@ -28,7 +28,7 @@ def test_the_standby_that_takes_over_opens_a_new_epoch_with_the_loaded_blocks(ha
     b, addr_b, _ = meta_on(ha, redis, env=EVENTS)
     ha.daemon(f"{addr_a},{addr_b}", "64MiB", FAST)
     [(standby_epoch, endpoint)] = epochs(b)  # a standby publishes an epoch with nothing in it
-    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(endpoint)
     received: list[tuple[int, wire.Batch]] = []
@@ -49,9 +49,10 @@ def test_the_standby_that_takes_over_opens_a_new_epoch_with_the_loaded_blocks(ha
         epoch = epochs(b)[1][0]
         assert epoch > standby_epoch
 
-        def stored() -> set[str]:
-            return {e.object_key for s, batch in receive() if s >= epoch for e in batch.events
-                    if isinstance(e, wire.Stored)}
+        def stored() -> set[str | None]:
+            return {
+                e.object_key for s, batch in receive() if s >= epoch for e in batch.events if isinstance(e, wire.Stored)
+            }
 
         wait_until(lambda: set(keys) <= stored(), timeout=60, what="the loaded blocks in the new epoch")
         opened = [batch for s, batch in received if s == epoch]

@@ -59,8 +59,9 @@ def test_a_leader_cut_off_from_redis_answers_no_read_and_no_heartbeat_past_its_l
 def test_between_its_lease_end_and_its_step_down_a_leader_answers_nothing(redis):
     """The window a hung Redis opens: the renewal blocks for its socket timeout, the lease ends by
     the leader's own clock meanwhile, and only then does it step down."""
-    replicated = _replicated(redis, lambda journal, **kw: MetaStore(
-        MetaConfig(), GrantSigner(SECRET.encode()), journal=journal, **kw))
+    replicated = _replicated(
+        redis, lambda journal, **kw: MetaStore(MetaConfig(), GrantSigner(SECRET.encode()), journal=journal, **kw)
+    )
     replicated.start()
     try:
         wait_until(lambda: replicated.current() is not None, 30, "the store loaded")
@@ -79,8 +80,11 @@ def test_between_its_lease_end_and_its_step_down_a_leader_answers_nothing(redis)
 
 
 def test_a_store_with_no_earlier_leader_opens_for_writes_at_once(ha: Cluster, redis):
-    long_grants = {"KVSTORE_META_LEASE_TTL_S": "5", "KVSTORE_META_WRITE_GRANT_TTL_S": "30",
-                   "KVSTORE_META_PUT_LEASE_TTL_S": "30"}  # a takeover would wait 32 s
+    long_grants = {
+        "KVSTORE_META_LEASE_TTL_S": "5",
+        "KVSTORE_META_WRITE_GRANT_TTL_S": "30",
+        "KVSTORE_META_PUT_LEASE_TTL_S": "30",
+    }  # a takeover would wait 32 s
     _, address, _ = meta_on(ha, redis, env=long_grants)
     with MetaClient(address, timeout_s=2) as meta:
         wait_until(lambda: _answer(meta.stats) == "ok" and meta.stats().role == "leader", 30, "a leader")
@@ -96,8 +100,9 @@ def test_grants_signed_past_the_lease_expire_by_its_end_plus_a_grant_lifetime(re
     stores: list[MetaStore] = []
 
     def make(journal, grant_ceiling):
-        stores.append(MetaStore(MetaConfig(), GrantSigner(SECRET.encode()), journal=journal,
-                                grant_ceiling=grant_ceiling))
+        stores.append(
+            MetaStore(MetaConfig(), GrantSigner(SECRET.encode()), journal=journal, grant_ceiling=grant_ceiling)
+        )
         return stores[-1]
 
     replicated = _replicated(redis, make).start()
@@ -125,8 +130,9 @@ def test_a_load_that_outlived_its_election_is_never_served(redis):
             return super().restore(*args, **kwargs)
 
     def make(journal, grant_ceiling):
-        made.append(SlowFirstLoad(MetaConfig(), GrantSigner(SECRET.encode()), journal=journal,
-                                  grant_ceiling=grant_ceiling))
+        made.append(
+            SlowFirstLoad(MetaConfig(), GrantSigner(SECRET.encode()), journal=journal, grant_ceiling=grant_ceiling)
+        )
         return made[-1]
 
     replicated = _replicated(redis, make).start()

@@ -95,10 +95,10 @@ def test_a_service_leads_and_serves_the_good_records_past_unreadable_ones(redis,
         commit(store, keys, store.put_start(keys, [100, 200, 300]).results)
         store.pin(["good/0"], 3600)
     client, k = redis.client(), Keys("default")
-    client.hset(k.obj, "bad/short", b"\x01garbage")                       # too short for a record
-    client.hset(k.obj, "bad/ragged", b"\x00" * 17 + b"\x01\x02")          # a partial location
+    client.hset(k.obj, "bad/short", b"\x01garbage")  # too short for a record
+    client.hset(k.obj, "bad/ragged", b"\x00" * 17 + b"\x01\x02")  # a partial location
     client.hset(k.obj, b"\xff\xfe-not-utf8", client.hget(k.obj, "good/1"))  # a key that is not text
-    client.hset(k.seg, "bad-seg", b"\x00\x00\x00\x07\xff\xff\xff")        # not a Segment message
+    client.hset(k.seg, "bad-seg", b"\x00\x00\x00\x07\xff\xff\xff")  # not a Segment message
     client.hset(k.pin, "good/1", b"not-a-deadline")
     client.hset(k.ten, "bad-tenant", b"{not json")
 

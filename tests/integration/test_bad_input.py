@@ -49,7 +49,7 @@ def test_bad_keys(client, served, key):
         client.put(key, b"v")
     with pytest.raises(InvalidArgument):
         client.get(key)
-    with pytest.raises(grpc.RpcError) as info:          # the server checks too
+    with pytest.raises(grpc.RpcError) as info:  # the server checks too
         raw_stub(served).Get(pb.GetRequest(keys=[key]))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
@@ -97,14 +97,14 @@ def test_full_store_with_everything_leased_is_no_space(client):
     keys = [f"fill/{i}" for i in range(100)]
     written = []
 
-    def lease(keys):                           # a Get whose reader is still copying: leased
+    def lease(keys):  # a Get whose reader is still copying: leased
         client.meta.get(keys)
 
-    lease(list(COMMITTED))                     # a full store would evict them otherwise
+    lease(list(COMMITTED))  # a full store would evict them otherwise
     with pytest.raises(NoSpace):
         for k in keys:
             client.put(k, bytes(1 << 20))
-            lease([k])                         # cannot be evicted
+            lease([k])  # cannot be evicted
             written.append(k)
     assert written
     client.remove_many(written, force=True)
@@ -116,17 +116,25 @@ def _tcp_address(client):
     return seg, (host, int(port))
 
 
-@pytest.mark.parametrize("junk", [b"", b"\x00" * 3, b"GET / HTTP/1.1\r\n\r\n", b"KVTP" + b"\xff" * 60,
-                                  b"KVTP\x01\x02" + struct.pack("<HI", 5, 1 << 30)])
+@pytest.mark.parametrize(
+    "junk",
+    [
+        b"",
+        b"\x00" * 3,
+        b"GET / HTTP/1.1\r\n\r\n",
+        b"KVTP" + b"\xff" * 60,
+        b"KVTP\x01\x02" + struct.pack("<HI", 5, 1 << 30),
+    ],
+)
 def test_garbage_on_the_daemon_port(client, junk):
     _, addr = _tcp_address(client)
     with socket.create_connection(addr, timeout=5) as s:
         try:
             s.sendall(junk)
             s.shutdown(socket.SHUT_WR)
-            while s.recv(65536):           # an error reply and/or a close; never a hang
+            while s.recv(65536):  # an error reply and/or a close; never a hang
                 pass
-        except OSError:                    # reset, or closed with our junk unread: also a refusal
+        except OSError:  # reset, or closed with our junk unread: also a refusal
             pass
     # the client fixture's teardown then checks the daemon still serves and nothing changed
 
@@ -135,7 +143,7 @@ def test_forged_expired_and_out_of_range_grants(client):
     from kvstore.transport.tcp_client import TcpTransport
 
     seg, _ = _tcp_address(client)
-    info = [s for d in client.stats().daemons for s in d.segments if s.segment_id == seg.segment_id][0]
+    info = next(s for d in client.stats().daemons for s in d.segments if s.segment_id == seg.segment_id)
     t = TcpTransport()
     try:
         forged = Grant(seg.segment_id, 0, 16, GrantMode.WRITE, 2**62, b"\x00" * 16)
@@ -163,20 +171,20 @@ def deadline_in(seconds):
     return time.monotonic() + seconds
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])   # checked by the daemon / by the client
+@pytest.mark.parametrize("transport", ["tcp", "shm"])  # checked by the daemon / by the client
 def test_stale_grant_is_refused(client, served, transport):
     from kvstore.transport import registry
 
     resp = raw_stub(served).Get(pb.GetRequest(keys=["keep/3"]))
     g = convert.grant_from_pb(resp.results[0].replicas[0])
     seg = convert.segments_by_id(resp.segments)[g.segment_id]
-    expired = Grant(g.segment_id, g.offset, g.length, g.mode, 1, g.mac)   # MAC no longer matches either
+    expired = Grant(g.segment_id, g.offset, g.length, g.mode, 1, g.mac)  # MAC no longer matches either
     t = registry.client_class(transport)()
     try:
         with pytest.raises(PermissionDenied):
             t.read(seg, [wire_transfer(expired, bytearray(g.length))], deadline_in(5))
         buf = bytearray(g.length)
-        t.read(seg, [wire_transfer(g, buf)], deadline_in(5))              # the real grant works
+        t.read(seg, [wire_transfer(g, buf)], deadline_in(5))  # the real grant works
         assert bytes(buf) == COMMITTED["keep/3"]
     finally:
         t.close()

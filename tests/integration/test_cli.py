@@ -14,13 +14,17 @@ from kvstore.version import __version__
 from tests.cluster import ADMIN_TOKEN, SECRET, spawn
 
 
-def kv(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", *args], input=stdin, capture_output=True, timeout=60,
-                          env={"KVSTORE_SECRET": SECRET, "KVSTORE_TOKEN": ADMIN_TOKEN, "PATH": "/usr/bin:/bin",
-                               **(env or {})})
+def kv(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvstore", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+        env={"KVSTORE_SECRET": SECRET, "KVSTORE_TOKEN": ADMIN_TOKEN, "PATH": "/usr/bin:/bin", **(env or {})},
+    )
 
 
-def one_line_error(out: subprocess.CompletedProcess, code: int, says: str) -> None:
+def one_line_error(out: subprocess.CompletedProcess[bytes], code: int, says: str) -> None:
     err = out.stderr.decode()
     assert out.returncode == code, (out.returncode, err)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -38,7 +42,7 @@ def test_serve_put_get_stat_ls_rm_and_clean_shutdown(cluster, tmp_path):
     src.write_bytes(bytes(range(256)) * 1000)
     assert kv("put", "--meta", address, "--file", str(src), "blob").returncode == 0
     assert kv("put", "--meta", address, "piped", stdin=b"from stdin").returncode == 0
-    assert kv("get", "piped", env={"KVSTORE_META": address}).stdout == b"from stdin"   # $KVSTORE_META
+    assert kv("get", "piped", env={"KVSTORE_META": address}).stdout == b"from stdin"  # $KVSTORE_META
     dst = tmp_path / "copy"
     assert kv("get", "--meta", address, "blob", "--out", str(dst)).returncode == 0
     assert dst.read_bytes() == src.read_bytes()
@@ -55,8 +59,9 @@ def test_serve_put_get_stat_ls_rm_and_clean_shutdown(cluster, tmp_path):
     assert b"keys 3" in stat.stdout and re.search(rb"transports (\w+, )*shm, (\w+, )*tcp", stat.stdout)
     keys = kv("stat", "--meta", address, "blob", "nope")
     assert keys.returncode == 4
-    assert re.search(rb"blob: complete, 256000 bytes, tier dram, (not leased|leased [\d.]+s more), not pinned",
-                     keys.stdout), keys.stdout
+    assert re.search(
+        rb"blob: complete, 256000 bytes, tier dram, (not leased|leased [\d.]+s more), not pinned", keys.stdout
+    ), keys.stdout
     assert b"replicas 1:" in keys.stdout and b"nope: absent" in keys.stdout
 
     assert kv("ls", "--meta", address).stdout.split() == [b"blob", b"greeting", b"piped"]
@@ -69,7 +74,7 @@ def test_serve_put_get_stat_ls_rm_and_clean_shutdown(cluster, tmp_path):
     files = glob.glob(f"/dev/shm/kvstore-{proc.pid}-*")
     assert files
     assert proc.stop() == 0
-    assert not glob.glob(f"/dev/shm/kvstore-{proc.pid}-*")   # clean shutdown removes segment files
+    assert not glob.glob(f"/dev/shm/kvstore-{proc.pid}-*")  # clean shutdown removes segment files
 
 
 def test_unreachable_meta_is_a_clear_error():
@@ -86,14 +91,17 @@ def test_a_port_in_use_is_one_line():
         one_line_error(kv("serve", "--port", port, "--dram", "16MiB"), 1, "the port is in use")
 
 
-@pytest.mark.parametrize("args, code, says", [
-    (["serve", "--dram", "lots"], 2, "argument --dram: 'lots' is not a size"),
-    (["serve", "--config", "/nonexistent/kv.toml"], 1, "config file /nonexistent/kv.toml does not exist"),
-    (["put", "--meta", "127.0.0.1:1", "k", "--file", "/nonexistent/value"], 1, "No such file or directory"),
-    (["plan", "--prefill-tps", "0"], 2, "--prefill-tps must be a positive"),
-    (["meta", "--lease-ttl-s", "soon"], 2, "argument --lease-ttl-s"),
-    (["--log-level", "LOUD", "stat"], 2, "--log-level 'LOUD'"),
-])
+@pytest.mark.parametrize(
+    "args, code, says",
+    [
+        (["serve", "--dram", "lots"], 2, "argument --dram: 'lots' is not a size"),
+        (["serve", "--config", "/nonexistent/kv.toml"], 1, "config file /nonexistent/kv.toml does not exist"),
+        (["put", "--meta", "127.0.0.1:1", "k", "--file", "/nonexistent/value"], 1, "No such file or directory"),
+        (["plan", "--prefill-tps", "0"], 2, "--prefill-tps must be a positive"),
+        (["meta", "--lease-ttl-s", "soon"], 2, "argument --lease-ttl-s"),
+        (["--log-level", "LOUD", "stat"], 2, "--log-level 'LOUD'"),
+    ],
+)
 def test_mistakes_are_one_line_and_a_nonzero_exit(args, code, says):
     one_line_error(kv(*args), code, says)
 
@@ -115,12 +123,14 @@ def test_the_file_beats_defaults_env_beats_the_file_and_flags_beat_env(cluster, 
     said = "".join(proc.lines)
     assert "reserves 48 MiB of memory" in said and f"8 MiB of disk preallocated in {ssd}" in said
     assert proc.stop() == 0
-    assert glob.glob(str(ssd / "ssd-*.data"))     # kept at stop, for a restart ...
+    assert glob.glob(str(ssd / "ssd-*.data"))  # kept at stop, for a restart ...
     out = kv("clean", "--ssd-dir", str(ssd))
     assert out.returncode == 0 and b"removed 3 SSD tier files (8 MiB)" in out.stdout
-    assert not os.listdir(ssd)                     # ... until cleaned
-    proc = spawn(["serve", "--port", "0", "--config", str(conf), "--ssd-dir", "", "--dram", "16MiB"],
-                 {"KVSTORE_DAEMON_DRAM_SIZE": "48MiB"})
+    assert not os.listdir(ssd)  # ... until cleaned
+    proc = spawn(
+        ["serve", "--port", "0", "--config", str(conf), "--ssd-dir", "", "--dram", "16MiB"],
+        {"KVSTORE_DAEMON_DRAM_SIZE": "48MiB"},
+    )
     cluster.procs.append(proc)
     assert "reserves 16 MiB of memory" in "".join(proc.lines) and "no disk" in "".join(proc.lines)
 
@@ -129,7 +139,9 @@ def test_version_help_and_log_level_anywhere():
     assert kv("--version").stdout.decode().strip() == f"kvstore {__version__}"
     help_text = " ".join(kv("serve", "--help").stdout.decode().split())
     assert "(default: 1GiB; env KVSTORE_DAEMON_DRAM_SIZE)" in help_text and "env KVSTORE_SECRET" in help_text
-    for args in (["--log-level", "ERROR", "stat", "--meta", "127.0.0.1:1"],
-                 ["stat", "--meta", "127.0.0.1:1", "--log-level", "ERROR"]):
+    for args in (
+        ["--log-level", "ERROR", "stat", "--meta", "127.0.0.1:1"],
+        ["stat", "--meta", "127.0.0.1:1", "--log-level", "ERROR"],
+    ):
         one_line_error(kv(*args), 1, "Unavailable")
     assert "--role" in kv("engine", "--help").stdout.decode()

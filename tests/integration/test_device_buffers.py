@@ -20,7 +20,7 @@ from tests.conformance.conftest import ALL_ON_SSD
 
 torch = pytest.importorskip("torch")
 
-STAGING = 96 << 10          # small, so a batch of 40 KiB values runs in several chunks
+STAGING = 96 << 10  # small, so a batch of 40 KiB values runs in several chunks
 
 
 @pytest.fixture(scope="module", params=["dram", "ssd"])
@@ -36,8 +36,17 @@ def address(tier, tmp_path_factory):
         c.daemon(addr, "64MiB", None, "--segment-size", "64MiB")
     else:
         _, addr = c.meta(ALL_ON_SSD)
-        c.daemon(addr, "64MiB", None, "--segment-size", "64MiB", "--ssd-dir",
-                 str(tmp_path_factory.mktemp("ssd")), "--ssd", "256MiB")
+        c.daemon(
+            addr,
+            "64MiB",
+            None,
+            "--segment-size",
+            "64MiB",
+            "--ssd-dir",
+            str(tmp_path_factory.mktemp("ssd")),
+            "--ssd",
+            "256MiB",
+        )
     yield addr
     c.close()
 
@@ -58,8 +67,11 @@ def client(request, address, device):
 def settle(tier):
     def wait(client: KVClient) -> None:
         if tier == "ssd":
-            wait_until(lambda: next(t.used for t in client.stats().tiers if t.tier.value == "dram") == 0,
-                       what="every block to be demoted to SSD")
+            wait_until(
+                lambda: next(t.used for t in client.stats().tiers if t.tier.value == "dram") == 0,
+                what="every block to be demoted to SSD",
+            )
+
     return wait
 
 
@@ -77,7 +89,7 @@ def ns() -> str:
 
 
 def test_tensors_round_trip_in_chunks(client, device, settle):
-    keys = [f"{ns()}/t{i}" for i in range(7)]                   # 7 x 40 KiB through 96 KiB at a time
+    keys = [f"{ns()}/t{i}" for i in range(7)]  # 7 x 40 KiB through 96 KiB at a time
     src = values(1, len(keys))
     assert client.put_many(keys, [on(device, t) for t in src]) == [True] * len(keys)
     settle(client)
@@ -85,15 +97,19 @@ def test_tensors_round_trip_in_chunks(client, device, settle):
     assert client.get_many_into(keys, out) == [t.numel() * 2 for t in src]
     for got, want in zip(out, src):
         assert torch.equal(got.cpu(), want)
-    assert client.get(keys[0]) == src[0].view(torch.uint8).numpy().tobytes()   # host readers see the same bytes
+    assert client.get(keys[0]) == src[0].view(torch.uint8).numpy().tobytes()  # host readers see the same bytes
 
 
 def test_mixed_host_and_device_buffers_in_one_call(client, device):
     keys = [f"{ns()}/m{i}" for i in range(4)]
     src = values(2, 4)
     client.put_many(keys, [on(device, src[0]), src[1].view(torch.uint8).numpy(), on(device, src[2]), src[3]])
-    out = [on(device, torch.zeros_like(src[0])), bytearray(src[1].numel() * 2),
-           np.zeros(src[2].numel() * 2, np.uint8), on(device, torch.zeros_like(src[3]))]
+    out = [
+        on(device, torch.zeros_like(src[0])),
+        bytearray(src[1].numel() * 2),
+        np.zeros(src[2].numel() * 2, np.uint8),
+        on(device, torch.zeros_like(src[3])),
+    ]
     client.get_many_into(keys, out)
     assert torch.equal(out[0].cpu(), src[0]) and torch.equal(out[3].cpu(), src[3])
     assert bytes(out[1]) == src[1].view(torch.uint8).numpy().tobytes()
@@ -102,7 +118,7 @@ def test_mixed_host_and_device_buffers_in_one_call(client, device):
 
 def test_a_value_larger_than_staging_is_staged_whole(client, device):
     key = f"{ns()}/big"
-    [src] = values(3, 1, shape=(1024, 1024))                    # 2 MiB >> 96 KiB
+    [src] = values(3, 1, shape=(1024, 1024))  # 2 MiB >> 96 KiB
     client.put(key, on(device, src))
     out = on(device, torch.empty_like(src))
     assert client.get_into(key, out) == 2 << 20

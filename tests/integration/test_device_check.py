@@ -13,8 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(tmp_path, *args):
     env = dict(os.environ, OUT=str(tmp_path))
-    done = subprocess.run(["bash", "scripts/device_check.sh", "--cpu", "--quick", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", "scripts/device_check.sh", "--cpu", "--quick", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return done, json.loads((tmp_path / "device_check.json").read_text())
 
 
@@ -26,7 +32,7 @@ def test_the_dry_run_covers_every_section(tmp_path):
     assert results["mode"] == "cpu" and list(s) == ["env", "tests", "copies", "ttft", "metascale"]
     assert all(r["status"] == "ok" for n, r in s.items() if n != "metascale"), s
     assert s["metascale"]["status"] == "skipped" and "issue 15" in s["metascale"]["reason"]
-    assert "skipped" in s["tests"]["data"]["gpu_marked"]["summary"]          # collected, and skipped here
+    assert "skipped" in s["tests"]["data"]["gpu_marked"]["summary"]  # collected, and skipped here
     assert "passed" in s["tests"]["data"]["host_stand_in"]["summary"]
     ids = {r.get("id") for r in s["copies"]["data"]["rates"]}
     assert {"memcpy", "d2d", "get_gpu", "get_dram"} <= ids
@@ -38,9 +44,9 @@ def test_the_dry_run_covers_every_section(tmp_path):
 
 
 def test_a_failing_section_is_reported_and_the_rest_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVSTORE_META_SCALING_CMD", "false")          # a scaling "script" that fails
+    monkeypatch.setenv("KVSTORE_META_SCALING_CMD", "false")  # a scaling "script" that fails
     done, results = run(tmp_path, "--sections", "metascale,env")
     assert done.returncode == 1
     assert results["sections"]["metascale"]["status"] == "error"
-    assert results["sections"]["env"]["status"] == "ok"                # it still ran, after the failure
+    assert results["sections"]["env"]["status"] == "ok"  # it still ran, after the failure
     assert "metascale: error" in done.stdout

@@ -47,7 +47,10 @@ def greeted(address: str) -> socket.socket:
 
 def test_both_lanes_give_the_same_answers(served):
     keys = [f"lane/{i}" for i in range(50)]
-    with KVClient(served, ClientConfig(fast_lane=True)) as fast, KVClient(served, ClientConfig(fast_lane=False)) as slow:
+    with (
+        KVClient(served, ClientConfig(fast_lane=True)) as fast,
+        KVClient(served, ClientConfig(fast_lane=False)) as slow,
+    ):
         fast.put_many(keys[:25], [bytes([i]) * 100 for i in range(25)])
         slow.put_many(keys[25:], [bytes([i]) * 100 for i in range(25, 50)])
         for c in (fast, slow):
@@ -111,8 +114,11 @@ def test_a_restarted_service_is_found_on_its_new_lane_port(tmp_path):
             proc.kill()
             cluster.meta(None, "--port", port)  # same gRPC port, a new fast-lane port
             wait_until(lambda: _answers(meta), what="the restarted service to answer")
-            wait_until(lambda: meta.exists(["k"]) == [False] and meta.fast_lane_port not in (0, first),
-                       timeout=20, what="the client to find the new fast lane")
+            wait_until(
+                lambda: meta.exists(["k"]) == [False] and meta.fast_lane_port not in (0, first),
+                timeout=20,
+                what="the client to find the new fast lane",
+            )
             assert meta.fast_lane_port == lane_port(address)
     finally:
         cluster.close()

@@ -15,16 +15,22 @@ from kvstore.client import KVClient
 from kvstore.client.staging import HostStaging
 from kvstore.config import ClientConfig, DaemonConfig
 from kvstore.errors import ChecksumMismatch, KeyNotFound
+from kvstore.storage.gpu import GpuSegment
 from kvstore.types import Tier
 from tests.cluster import SECRET, wait_until
 
 torch = pytest.importorskip("torch")
 
 MIB = 1 << 20
-FAST = {"KVSTORE_META_TICK_INTERVAL_S": "0.05", "KVSTORE_META_HIGH_WATERMARK": "0.8",
-        "KVSTORE_META_LOW_WATERMARK": "0.6", "KVSTORE_META_PROMOTE_AFTER_HITS": "2",
-        "KVSTORE_META_LEASE_TTL_S": "1", "KVSTORE_META_SSD_HIGH_WATERMARK": "0.9",
-        "KVSTORE_META_SSD_LOW_WATERMARK": "0.8"}
+FAST = {
+    "KVSTORE_META_TICK_INTERVAL_S": "0.05",
+    "KVSTORE_META_HIGH_WATERMARK": "0.8",
+    "KVSTORE_META_LOW_WATERMARK": "0.6",
+    "KVSTORE_META_PROMOTE_AFTER_HITS": "2",
+    "KVSTORE_META_LEASE_TTL_S": "1",
+    "KVSTORE_META_SSD_HIGH_WATERMARK": "0.9",
+    "KVSTORE_META_SSD_LOW_WATERMARK": "0.8",
+}
 
 
 @pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "host"])
@@ -76,13 +82,13 @@ def test_tensors_and_host_buffers_through_gpu_segments(cluster, gpu_env, device)
     address, _ = start(cluster, gpu_env)
     with client_for(address, device) as c:
         t_src, h_src = block(1, 3 * MIB + 5), block(2, 100_003)
-        c.put("t", tensor_on(device, t_src))                   # tensor -> GPU segment
-        c.put("h", h_src.tobytes())                            # host buffer -> GPU segment
+        c.put("t", tensor_on(device, t_src))  # tensor -> GPU segment
+        c.put("h", h_src.tobytes())  # host buffer -> GPU segment
         assert tier_stats(c)[Tier.GPU].blocks == 2 and tier_stats(c)[Tier.DRAM].blocks == 0
         out = tensor_on(device, np.zeros(3 * MIB + 5, np.uint8))
-        assert c.get_into("t", out) == 3 * MIB + 5               # GPU segment -> tensor
+        assert c.get_into("t", out) == 3 * MIB + 5  # GPU segment -> tensor
         assert np.array_equal(out.cpu().numpy(), t_src)
-        assert c.get("t") == t_src.tobytes()                    # GPU segment -> host buffer
+        assert c.get("t") == t_src.tobytes()  # GPU segment -> host buffer
         h_out = tensor_on(device, np.zeros(100_003, np.uint8))
         c.get_into("h", h_out)
         assert h_out.cpu().numpy().tobytes() == h_src.tobytes()
@@ -90,7 +96,7 @@ def test_tensors_and_host_buffers_through_gpu_segments(cluster, gpu_env, device)
 
 def test_demotion_to_dram_and_promotion_back(cluster, gpu_env, device):
     address, _ = start(cluster, gpu_env)
-    keys = [f"d/{i}" for i in range(16)]                       # 16 MiB through an 8 MiB GPU
+    keys = [f"d/{i}" for i in range(16)]  # 16 MiB through an 8 MiB GPU
     with client_for(address, device) as c:
         for i, k in enumerate(keys):
             c.put(k, tensor_on(device, block(i, MIB - 4096)))
@@ -108,10 +114,10 @@ def test_demotion_to_dram_and_promotion_back(cluster, gpu_env, device):
                 keys.remove(info.key)
         assert tier_stats(c)[Tier.GPU].used + MIB <= 0.8 * 8 * MIB
         outs = [tensor_on(device, np.zeros(MIB - 4096, np.uint8)) for _ in keys]
-        assert c.get_many_into(keys, outs) == [MIB - 4096] * len(keys)   # wherever each block is now
+        assert c.get_many_into(keys, outs) == [MIB - 4096] * len(keys)  # wherever each block is now
         for k, o in zip(keys, outs):
             assert np.array_equal(o.cpu().numpy(), block(int(k.split("/")[1]), MIB - 4096)), k
-        c.get_many_into(keys[:1], outs[:1])                     # d/0 went first: read twice, it is hot
+        c.get_many_into(keys[:1], outs[:1])  # d/0 went first: read twice, it is hot
         wait_until(lambda: tier_stats(c)[Tier.GPU].promotions >= 1, what="d/0 promoted back to the GPU")
         reply = c.meta.get(keys[:1])
         assert reply.segments[reply.results[0].grants[0].segment_id].tier is Tier.GPU
@@ -120,7 +126,7 @@ def test_demotion_to_dram_and_promotion_back(cluster, gpu_env, device):
 
 def test_eviction_past_the_watermark_when_dram_is_full(cluster, gpu_env, device):
     address, _ = start(cluster, gpu_env, "8MiB", "4MiB")
-    keys = [f"e/{i}" for i in range(24)]                       # 24 MiB through 8 + 4 MiB
+    keys = [f"e/{i}" for i in range(24)]  # 24 MiB through 8 + 4 MiB
     with client_for(address, device) as c:
         for i, k in enumerate(keys):
             c.put(k, tensor_on(device, block(i, MIB // 2)))
@@ -133,7 +139,7 @@ def test_eviction_past_the_watermark_when_dram_is_full(cluster, gpu_env, device)
         assert stats.evictions > 0 and stats.keys + stats.evictions == 24
         outs = [tensor_on(device, np.zeros(MIB // 2, np.uint8)) for _ in keys]
         results = c.get_many_into(keys, outs, strict=False)
-        assert isinstance(results[0], KeyNotFound) and results[-1] == MIB // 2   # the oldest went
+        assert isinstance(results[0], KeyNotFound) and results[-1] == MIB // 2  # the oldest went
         for i, (r, o) in enumerate(zip(results, outs)):
             if r == MIB // 2:
                 assert np.array_equal(o.cpu().numpy(), block(i, MIB // 2)), keys[i]
@@ -145,24 +151,31 @@ def test_corrupt_gpu_bytes_are_detected(cluster, device):
     from kvstore.daemon.storage_daemon import StorageDaemon
 
     _, address = cluster.meta(FAST)
-    cfg = DaemonConfig(meta_address=address, secret=SECRET, dram_size=16 * MIB, segment_size=16 * MIB,
-                       gpu_size=8 * MIB, gpu_device=0 if device == "cuda" else -1, transports=("tcp",),
-                       shm_dir="/dev/shm")
-    daemon = StorageDaemon(cfg).start()          # in this process, so the test can reach its GPU memory
+    cfg = DaemonConfig(
+        meta_address=address,
+        secret=SECRET,
+        dram_size=16 * MIB,
+        segment_size=16 * MIB,
+        gpu_size=8 * MIB,
+        gpu_device=0 if device == "cuda" else -1,
+        transports=("tcp",),
+        shm_dir="/dev/shm",
+    )
+    daemon = StorageDaemon(cfg).start()  # in this process, so the test can reach its GPU memory
     try:
         with client_for(address, device) as c:
             c.put("c", tensor_on(device, block(7, 50_000)))
             reply = c.meta.get(["c"])
             grant = reply.results[0].grants[0]
             seg = daemon.segment(grant.segment_id)
-            assert seg.tier is Tier.GPU
+            assert isinstance(seg, GpuSegment) and seg.tier is Tier.GPU
             seg.memory[grant.offset + 4321] ^= 0xFF
             if device == "cuda":
-                torch.cuda.synchronize()                          # the daemon reads on its own stream
+                torch.cuda.synchronize()  # the daemon reads on its own stream
             out = tensor_on(device, np.full(50_000, 9, np.uint8))
             [result] = c.get_many_into(["c"], [out], strict=False)
             assert isinstance(result, ChecksumMismatch)
-            assert (out.cpu().numpy() == 9).all()               # no corrupt byte reached the tensor
+            assert (out.cpu().numpy() == 9).all()  # no corrupt byte reached the tensor
     finally:
         daemon.stop()
 
@@ -170,18 +183,20 @@ def test_corrupt_gpu_bytes_are_detected(cluster, device):
 def test_daemon_restart(cluster, gpu_env, device, tmp_path):
     ssd = ("--ssd-dir", str(tmp_path / "ssd"), "--ssd", "64MiB")
     address, daemon = start(cluster, gpu_env, "4MiB", "8MiB", *ssd)
-    keys = [f"r/{uuid.uuid4().hex[:6]}/{i}" for i in range(20)]    # 20 MiB: most reach the SSD
+    keys = [f"r/{uuid.uuid4().hex[:6]}/{i}" for i in range(20)]  # 20 MiB: most reach the SSD
     with client_for(address, device) as c:
         for i, k in enumerate(keys):
             c.put(k, tensor_on(device, block(i, MIB - 4096)))
         wait_until(lambda: tier_stats(c)[Tier.SSD].blocks >= 8, what="blocks demoted down to SSD")
         assert c.exists_many(keys) == [True] * 20
-        daemon.stop()                                            # a clean stop: GPU and DRAM go, SSD stays
+        daemon.stop()  # a clean stop: GPU and DRAM go, SSD stays
         cluster.daemon(address, "8MiB", gpu_env, "--segment-size", "8MiB", "--gpu", "4MiB", *ssd)
-        wait_until(lambda: len(c.stats().daemons) == 1 and tier_stats(c)[Tier.SSD].blocks > 0,
-                   what="the restarted daemon to re-announce its SSD blocks")
+        wait_until(
+            lambda: len(c.stats().daemons) == 1 and tier_stats(c)[Tier.SSD].blocks > 0,
+            what="the restarted daemon to re-announce its SSD blocks",
+        )
         survivors = [i for i, e in enumerate(c.exists_many(keys)) if e]
-        assert 0 < len(survivors) < len(keys)                    # the SSD's blocks, not the GPU's or DRAM's
+        assert 0 < len(survivors) < len(keys)  # the SSD's blocks, not the GPU's or DRAM's
         outs = [tensor_on(device, np.zeros(MIB - 4096, np.uint8)) for _ in keys]
         results = c.get_many_into(keys, outs, strict=False)
         for i, r in enumerate(results):
@@ -189,7 +204,7 @@ def test_daemon_restart(cluster, gpu_env, device, tmp_path):
                 assert np.array_equal(outs[i].cpu().numpy(), block(i, MIB - 4096)), keys[i]
             else:
                 assert isinstance(r, KeyNotFound)
-        c.put("after", tensor_on(device, block(99, 2 * MIB)))    # the new GPU segment takes puts
+        c.put("after", tensor_on(device, block(99, 2 * MIB)))  # the new GPU segment takes puts
         assert tier_stats(c)[Tier.GPU].blocks >= 1
         out = tensor_on(device, np.zeros(2 * MIB, np.uint8))
         c.get_into("after", out)

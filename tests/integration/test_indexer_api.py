@@ -4,10 +4,10 @@ token ids and by hash, an engine registered by its vLLM event endpoint, and bad 
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -15,7 +15,7 @@ from kvstore import blockhash
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.engines.keys import KeyScheme
-from tests.cluster import ADMIN_TOKEN, wait_until
+from tests.cluster import ADMIN_TOKEN, found, wait_until
 
 ENV = {"KVSTORE_META_ADMIN_PORT": "0", "KVSTORE_LOG_LEVEL": "INFO"}
 SCHEME = KeyScheme(model="tiny", layout="f32-2p", block_size=4)
@@ -23,10 +23,10 @@ TOKENS = list(range(1000, 1030))  # 7 full blocks and 2 tokens
 
 
 def admin_of(proc) -> str:
-    return "http://" + re.search(r"admin \(HTTP\) on (\S+)", "".join(proc.lines)).group(1)
+    return "http://" + found(r"admin \(HTTP\) on (\S+)", "".join(proc.lines)).group(1)
 
 
-def post(url: str, body, token: str | None = None) -> tuple[int, dict]:
+def post(url: str, body, token: str | None = None) -> tuple[int, dict[str, Any]]:
     """POST `body`; `token` (for the operator's calls: /register, /unregister) as a bearer token."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -63,9 +63,12 @@ def test_the_store_answers_by_tokens_and_by_hash(service):
 
     # Other identities see nothing: another tenant, another model, another salt or seed.
     for other in ({"tenant_id": "t2"}, {"model": "other"}, {"cache_salt": "s"}, {"seed": 3}):
-        assert post(f"{admin}/query", {**query, **other})[1][other.get("tenant_id", "default")]["kvstore"][
-            "longest_matched"
-        ] == 0
+        assert (
+            post(f"{admin}/query", {**query, **other})[1][str(other.get("tenant_id", "default"))]["kvstore"][
+                "longest_matched"
+            ]
+            == 0
+        )
     client.remove_many(SCHEME.object_keys(hashes[2:3], [0, 1]))
     wait_until(lambda: store_tokens() == 8, what="the removal to reach the indexer")
 
@@ -144,11 +147,17 @@ def test_bad_requests_are_refused_with_the_reason_and_the_service_keeps_serving(
         status, answer = post(f"{admin}/query", body)
         assert status == 400 and reason in answer["error"], (body, answer)
     assert post(f"{admin}/query_by_hash", {"model": "m", "block_size": 4, "seq_hashes": [-1]})[0] == 400
-    status, answer = post(f"{admin}/register", {"endpoint": "nonsense", "instance_id": "x", "modelname": "m",
-                                                "block_size": 4}, ADMIN_TOKEN)
+    status, answer = post(
+        f"{admin}/register",
+        {"endpoint": "nonsense", "instance_id": "x", "modelname": "m", "block_size": 4},
+        ADMIN_TOKEN,
+    )
     assert status == 400 and "cannot subscribe" in answer["error"]
-    status, answer = post(f"{admin}/register", {"endpoint": "tcp://127.0.0.1:1", "instance_id": "kvstore",
-                                                "modelname": "m", "block_size": 4}, ADMIN_TOKEN)
+    status, answer = post(
+        f"{admin}/register",
+        {"endpoint": "tcp://127.0.0.1:1", "instance_id": "kvstore", "modelname": "m", "block_size": 4},
+        ADMIN_TOKEN,
+    )
     assert status == 400 and "store's own" in answer["error"]
     assert post(f"{admin}/nope", {})[0] == 404
     assert post(f"{admin}/query", {"model": "m", "token_ids": [1, 2, 3, 4], "block_size": 4})[0] == 200

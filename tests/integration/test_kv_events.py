@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 import zmq
@@ -22,7 +23,7 @@ from kvstore.errors import KVStoreError
 from kvstore.events import wire
 from kvstore.events.block_ids import block_ref
 from kvstore.events.subscriber import EventSubscriber
-from tests.cluster import wait_until
+from tests.cluster import found, wait_until
 from tests.tcp_relay import Relay
 from tests.vllm.harness import free_port
 
@@ -37,7 +38,7 @@ SCHEME = KeyScheme(model="tiny", layout="f32-l", block_size=4)
 def events_of(proc):
     """(epoch, endpoint, replay endpoint) from the service's log (it starts publishing before it
     prints its readiness line)."""
-    epoch, endpoint, replay = LINE.search("".join(proc.lines)).groups()
+    epoch, endpoint, replay = found(LINE, "".join(proc.lines)).groups()
     return int(epoch), endpoint, replay
 
 
@@ -54,7 +55,7 @@ class VllmStyleConsumer:
         self.replay = self.ctx.socket(zmq.DEALER)
         self.replay.connect(replay_endpoint)
         self.decoder = msgspec.msgpack.Decoder(type=kv_events.KVEventBatch)
-        self.batches: dict[int, kv_events.KVEventBatch] = {}
+        self.batches: dict[int, Any] = {}  # vLLM's KVEventBatch
         self.last = -1
         self.gaps: list[tuple[int, int]] = []
 
@@ -82,7 +83,7 @@ class VllmStyleConsumer:
             self.batches[seq] = self.decoder.decode(payload)
         self.last = max(self.last, seq)
 
-    def events(self, since: int = 0) -> list:
+    def events(self, since: int = 0) -> list[Any]:
         return [e for seq in sorted(self.batches) if seq >= since for e in self.batches[seq].events]
 
     def stored_keys(self) -> dict[int, str]:
@@ -103,8 +104,9 @@ def put_until_seen(client: KVClient, consumer: VllmStyleConsumer, tag: str) -> N
         n += 1
         client.put(key, b"x" * 64)
         consumer.poll(50)
-        return any(block_ref(key).hash in e.block_hashes for e in consumer.events()
-                   if isinstance(e, kv_events.BlockStored))
+        return any(
+            block_ref(key).hash in e.block_hashes for e in consumer.events() if isinstance(e, kv_events.BlockStored)
+        )
 
     wait_until(seen, what=f"{tag}: the consumer to receive")
 
@@ -112,7 +114,7 @@ def put_until_seen(client: KVClient, consumer: VllmStyleConsumer, tag: str) -> N
 def test_a_consumer_written_for_vllm_reads_the_services_events_and_replays_a_gap(cluster):
     proc, meta = cluster.meta({**EVENTS_ENV, "KVSTORE_META_ADMIN_PORT": "0"})
     epoch, endpoint, replay = events_of(proc)
-    admin = re.search(r"admin \(HTTP\) on (\S+)", "".join(proc.lines)).group(1)
+    admin = found(r"admin \(HTTP\) on (\S+)", "".join(proc.lines)).group(1)
     with urllib.request.urlopen(f"http://{admin}/events", timeout=10) as resp:
         described = json.loads(resp.read())
     assert (described["endpoint"], described["replay_endpoint"], described["epoch"]) == (endpoint, replay, epoch)
@@ -135,7 +137,12 @@ def test_a_consumer_written_for_vllm_reads_the_services_events_and_replays_a_gap
             put_until_seen(client, steady, "while-cut/seen")  # all of it sent (and dropped) before the heal
             relay.heal()
             put_until_seen(client, cut_off, "after-heal")
-            wait_until(lambda: steady.poll() or steady.last >= cut_off.last, what="the steady consumer")
+
+            def steady_caught_up() -> bool:
+                steady.poll()
+                return steady.last >= cut_off.last
+
+            wait_until(steady_caught_up, what="the steady consumer")
             steady.poll()
 
         assert cut_off.gaps, "the partition should have cost the consumer some batches"
@@ -180,8 +187,14 @@ class Recording:
 
     def stored(self, since: int = 0) -> set[int]:
         with self.lock:
-            return {h for seq, b in self.batches if seq >= since for e in b.events if isinstance(e, wire.Stored)
-                    for h in e.hashes}
+            return {
+                h
+                for seq, b in self.batches
+                if seq >= since
+                for e in b.events
+                if isinstance(e, wire.Stored)
+                for h in e.hashes
+            }
 
 
 def test_a_restarted_service_opens_a_new_epoch_that_consumers_follow(cluster):

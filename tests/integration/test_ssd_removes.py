@@ -28,10 +28,16 @@ from tests.workers import block
 MIB = 1 << 20
 # Demotion under DRAM pressure only (as tests/integration/test_tiers.py), so the newest block, a
 # replacement, stays in DRAM: a restart loses it, and only the old bytes on SSD could come back.
-FAST = {"KVSTORE_META_TICK_INTERVAL_S": "0.05", "KVSTORE_META_HIGH_WATERMARK": "0.8",
-        "KVSTORE_META_LOW_WATERMARK": "0.6", "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000",
-        "KVSTORE_META_SSD_HIGH_WATERMARK": "0.9", "KVSTORE_META_SSD_LOW_WATERMARK": "0.8",
-        "KVSTORE_META_HEARTBEAT_TTL_S": "1", "KVSTORE_DAEMON_HEARTBEAT_INTERVAL_S": "0.2"}
+FAST = {
+    "KVSTORE_META_TICK_INTERVAL_S": "0.05",
+    "KVSTORE_META_HIGH_WATERMARK": "0.8",
+    "KVSTORE_META_LOW_WATERMARK": "0.6",
+    "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000",
+    "KVSTORE_META_SSD_HIGH_WATERMARK": "0.9",
+    "KVSTORE_META_SSD_LOW_WATERMARK": "0.8",
+    "KVSTORE_META_HEARTBEAT_TTL_S": "1",
+    "KVSTORE_DAEMON_HEARTBEAT_INTERVAL_S": "0.2",
+}
 TIERS = ("--segment-size", "32MiB", "--ssd", "256MiB")
 KEYS = [f"p/{i}" for i in range(40)]
 
@@ -75,7 +81,7 @@ def assert_gone(address: str, removed: str, replaced: str, kept: list[str]) -> N
         replaced_now = c.get(replaced) if c.exists(replaced) else None
         # Neither comes back with its old bytes. The replacement was in DRAM: lost (or demoted meanwhile).
         assert (removed_back, "old bytes" if replaced_now not in (None, NEW) else "ok") == (False, "ok")
-        for k in kept:                                        # the rest of SSD survives
+        for k in kept:  # the rest of SSD survives
             assert c.get(k) == value(KEYS.index(k)), k
 
 
@@ -86,12 +92,12 @@ def test_removed_and_replaced_ssd_blocks_stay_gone_after_a_daemon_restart(cluste
     daemon = cluster.daemon(address, "32MiB", FAST, *ssd)
     removed, replaced, kept = fill_and_change(address)
     if how == "kill":
-        daemon.kill()                                          # no goodbye: the service drops it by heartbeat
+        daemon.kill()  # no goodbye: the service drops it by heartbeat
     else:
-        daemon.stop()                                          # it unmounts its segments
+        daemon.stop()  # it unmounts its segments
     with KVClient(address) as c:
         wait_until(lambda: not c.exists(replaced), what="the service to drop the daemon's DRAM")
-    cluster.daemon(address, "32MiB", FAST, *ssd)              # ready once it re-announced its SSD blocks
+    cluster.daemon(address, "32MiB", FAST, *ssd)  # ready once it re-announced its SSD blocks
     assert_gone(address, removed, replaced, kept)
 
 
@@ -100,7 +106,7 @@ def test_removed_and_replaced_ssd_blocks_stay_gone_after_serve_restarts(cluster,
     proc, address = cluster.serve("32MiB", *ssd, env=FAST)
     removed, replaced, kept = fill_and_change(address)
     proc.stop()
-    _, address = cluster.serve("32MiB", *ssd, env=FAST)      # a service that knows only the SSD journal
+    _, address = cluster.serve("32MiB", *ssd, env=FAST)  # a service that knows only the SSD journal
     assert_gone(address, removed, replaced, kept)
 
 
@@ -110,9 +116,15 @@ def test_a_removed_ssd_block_stays_gone_after_a_takeover(cluster, tmp_path, surv
     Redis, knows the block is gone, whether the daemon lived on (paused meanwhile) or restarted."""
     redis = RedisServer(tmp_path / "redis").start()
     try:
-        env = {**FAST, "KVSTORE_META_REDIS_URL": redis.url, "KVSTORE_META_HEARTBEAT_TTL_S": "6",
-               "KVSTORE_META_LEADER_TTL_S": "2", "KVSTORE_META_LEADER_RENEW_S": "0.3",
-               "KVSTORE_META_LEASE_TTL_S": "2", "KVSTORE_META_WRITE_GRANT_TTL_S": "2"}
+        env = {
+            **FAST,
+            "KVSTORE_META_REDIS_URL": redis.url,
+            "KVSTORE_META_HEARTBEAT_TTL_S": "6",
+            "KVSTORE_META_LEADER_TTL_S": "2",
+            "KVSTORE_META_LEADER_RENEW_S": "0.3",
+            "KVSTORE_META_LEASE_TTL_S": "2",
+            "KVSTORE_META_WRITE_GRANT_TTL_S": "2",
+        }
         meta, address = cluster.meta(env)
         ssd = ["--ssd-dir", str(tmp_path / "ssd"), *TIERS]
         daemon = cluster.daemon(address, "32MiB", FAST, *ssd)
@@ -123,19 +135,19 @@ def test_a_removed_ssd_block_stays_gone_after_a_takeover(cluster, tmp_path, surv
             ssd_keys = wait_until(lambda: some_only_on_ssd(c), what="blocks only on SSD")
             removed, kept = ssd_keys[0], ssd_keys[1:]
             if survivor == "daemon":
-                daemon.popen.send_signal(signal.SIGSTOP)       # it hears of nothing from now on
+                daemon.popen.send_signal(signal.SIGSTOP)  # it hears of nothing from now on
             else:
                 daemon.kill()
             c.remove(removed)
         meta.kill()
         port = address.rsplit(":", 1)[1]
-        cluster.meta(env, "--port", port)                      # the same Redis, the same address
+        cluster.meta(env, "--port", port)  # the same Redis, the same address
         if survivor == "daemon":
-            daemon.popen.send_signal(signal.SIGCONT)           # it mounts its segments again, re-announces
+            daemon.popen.send_signal(signal.SIGCONT)  # it mounts its segments again, re-announces
         wait_until(lambda: writes_open(address), timeout=60, what="the new leader to reconcile")
         if survivor == "daemon":
             daemon.stop()
-        cluster.daemon(address, "32MiB", FAST, *ssd)          # re-announces what its journal still names
+        cluster.daemon(address, "32MiB", FAST, *ssd)  # re-announces what its journal still names
         with KVClient(address, ClientConfig(timeout_s=60)) as c:
             assert c.exists(removed) is False
             for k in kept:
@@ -145,16 +157,19 @@ def test_a_removed_ssd_block_stays_gone_after_a_takeover(cluster, tmp_path, surv
 
 
 # Every block demoted as soon as no one reads it.
-ALL_ON_SSD = {"KVSTORE_META_HIGH_WATERMARK": "1e-12", "KVSTORE_META_LOW_WATERMARK": "1e-13",
-              "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000000", "KVSTORE_META_TICK_INTERVAL_S": "0.05"}
+ALL_ON_SSD = {
+    "KVSTORE_META_HIGH_WATERMARK": "1e-12",
+    "KVSTORE_META_LOW_WATERMARK": "1e-13",
+    "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000000",
+    "KVSTORE_META_TICK_INTERVAL_S": "0.05",
+}
 
 
 @pytest.mark.parametrize("restart", ["daemon", "service"])
 def test_an_abandoned_move_does_not_come_back(tmp_path, restart):
     """The daemon copies and journals a demotion, but the service abandons it (the block was read
     meanwhile); the block is removed later. Its bytes on SSD must not be adopted again."""
-    settings = {"dram_size": 8 * MIB, "segment_size": 8 * MIB, "ssd_dir": str(tmp_path / "ssd"),
-                "ssd_size": 64 * MIB}
+    settings = {"dram_size": 8 * MIB, "segment_size": 8 * MIB, "ssd_dir": str(tmp_path / "ssd"), "ssd_size": 64 * MIB}
     store = InProcessStore(ALL_ON_SSD, **settings)
     try:
         meta = store.meta.store
@@ -167,7 +182,7 @@ def test_an_abandoned_move_does_not_come_back(tmp_path, restart):
             tasks = claim(daemon_id, max_bytes)
             for t in tasks:
                 if t.key == "a" and t.kind is MoveKind.DEMOTE and not abandoned:
-                    meta.get(["a"], client_id="reader")        # a read lease: the move cannot switch
+                    meta.get(["a"], client_id="reader")  # a read lease: the move cannot switch
                     abandoned.append(t.move_id)
             return tasks
 
@@ -175,20 +190,23 @@ def test_an_abandoned_move_does_not_come_back(tmp_path, restart):
             complete(daemon_id, results)
             if any(r.move_id in abandoned for r in results):
                 seen.append(meta.describe(["a"])[0].tiers)
-                meta.remove(["a"], force=True)                 # gone from DRAM; its SSD copy was never its
-        meta.claim_moves, meta.complete_moves = claim_then_read, complete_then_remove
+                meta.remove(["a"], force=True)  # gone from DRAM; its SSD copy was never its
+
+        meta.claim_moves, meta.complete_moves = claim_then_read, complete_then_remove  # type: ignore[method-assign]
         with KVClient(store.address) as c:
             c.put("a", block(9, 0, MIB))
             c.put("b", block(9, 1, MIB))
-            wait_until(lambda: c.describe(["b"])[0].tiers == (Tier.SSD,) and not c.exists("a"),
-                       what="b demoted, a's move abandoned and a removed")
-        assert seen == [(Tier.DRAM,)]                          # the move was abandoned, not switched
+            wait_until(
+                lambda: c.describe(["b"])[0].tiers == (Tier.SSD,) and not c.exists("a"),
+                what="b demoted, a's move abandoned and a removed",
+            )
+        assert seen == [(Tier.DRAM,)]  # the move was abandoned, not switched
         if restart == "daemon":
             store.daemon.stop()
             store.add_daemon(**settings)
         else:
             store.close()
-            store = InProcessStore(ALL_ON_SSD, **settings)       # knows only the SSD journal
+            store = InProcessStore(ALL_ON_SSD, **settings)  # knows only the SSD journal
         with KVClient(store.address) as c:
             assert c.get("b") == block(9, 1, MIB)
             assert c.exists("a") is False
@@ -198,6 +216,7 @@ def test_an_abandoned_move_does_not_come_back(tmp_path, restart):
 
 # -- the parts, as real objects -------------------------------------------------------------------
 
+
 def test_the_journal_forgets_a_block_and_only_that_block(tmp_path):
     seg = SsdSegment.open(tmp_path, 0, 1 << 20)
     data = block(10, 0, 5000)
@@ -206,12 +225,16 @@ def test_the_journal_forgets_a_block_and_only_that_block(tmp_path):
         seg.write_from(8192, memoryview(data))
         a, b = Block("a", 0, len(data), checksum(data)), Block("b", 8192, len(data), checksum(data))
         seg.record_many([a, b])
-        seg.forget_many([Block("b", 0, len(data), checksum(data)),      # not where b lives: nothing
-                         Block("a", 0, len(data), checksum(data) ^ 1),  # other bytes than a's: nothing
-                         b])
+        seg.forget_many(
+            [
+                Block("b", 0, len(data), checksum(data)),  # not where b lives: nothing
+                Block("a", 0, len(data), checksum(data) ^ 1),  # other bytes than a's: nothing
+                b,
+            ]
+        )
         assert seg.recover().blocks == [a]
-        seg.record_many([Block("b", 8192, len(data), checksum(data))])   # b written there again
-        assert seg.recover().blocks == [a, b]                            # the old deletion ends it no more
+        seg.record_many([Block("b", 8192, len(data), checksum(data))])  # b written there again
+        assert seg.recover().blocks == [a, b]  # the old deletion ends it no more
     finally:
         seg.close()
 
@@ -227,7 +250,7 @@ def takeover_store(clock: FakeClock, replicas: dict[str, int]) -> MetaStore:
     objects = [(k, ObjectRecord(BLOCK, 5, 1, (pack_location(1, off),))) for k, off in replicas.items()]
     st.restore([SegmentRecord(1, info)], objects, [])
     clock.advance(st.takeover_wait_s() + 1)
-    st.mount_segment(info)                                               # d1 is back: confirmed
+    st.mount_segment(info)  # d1 is back: confirmed
     return st
 
 
@@ -238,9 +261,8 @@ def test_a_new_leader_adopts_from_a_journal_only_what_it_loaded():
     results = st.announce("ssd", [Block("kept", 0, BLOCK, 5), Block("gone", 8192, BLOCK, 5)])
     assert [r.code for r in results] == [ErrorCode.ALREADY_EXISTS, ErrorCode.KEY_NOT_FOUND]
     assert st.exists(["gone"]) == [False]
-    [forget] = st.claim_moves("d1", 1 << 30)                             # d1 is told to journal that
-    assert (forget.kind, forget.key, forget.dst_segment_id, forget.dst_offset) == (MoveKind.FORGET, "gone", "ssd",
-                                                                                   8192)
+    [forget] = st.claim_moves("d1", 1 << 30)  # d1 is told to journal that
+    assert (forget.kind, forget.key, forget.dst_segment_id, forget.dst_offset) == (MoveKind.FORGET, "gone", "ssd", 8192)
     st.check_invariants()
 
 
@@ -250,15 +272,15 @@ def test_a_deletion_not_reported_is_handed_out_again_and_refuses_the_block_meanw
     assert st.remove(["k"]) == [OK]
     [forget] = st.claim_moves("d1", 1 << 30)
     assert (forget.kind, forget.key) == (MoveKind.FORGET, "k")
-    assert st.claim_moves("d1", 1 << 30) == []                           # out, not yet reported
+    assert st.claim_moves("d1", 1 << 30) == []  # out, not yet reported
     # The daemon restarts before it journaled the deletion: its journal still names the block.
     st.mount_segment(segment("ssd", "d2", Tier.SSD, 1 << 20))
     assert st.announce("ssd", [Block("k", 0, BLOCK, 5)])[0].code is ErrorCode.KEY_NOT_FOUND
     assert st.exists(["k"]) == [False]
-    clock.advance(11)                                                    # past move_timeout_s
+    clock.advance(11)  # past move_timeout_s
     [again] = st.claim_moves("d2", 1 << 30)
     assert (again.kind, again.key, again.dst_offset) == (MoveKind.FORGET, "k", 0)
     st.complete_moves("d2", [MoveOutcome(again.move_id, True, "")])
-    st.complete_moves("d1", [MoveOutcome(forget.move_id, True, "")])    # late, from the old daemon: ignored
+    st.complete_moves("d1", [MoveOutcome(forget.move_id, True, "")])  # late, from the old daemon: ignored
     assert st.claim_moves("d2", 1 << 30) == []
     st.check_invariants()

@@ -34,7 +34,7 @@ def _stops_cleanly(proc: Proc) -> int:
         return proc.popen.wait(timeout=30)  # a bound on a hang, not a measure of speed
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail(f"{proc.popen.args[3:]} ignored a SIGTERM taken by a side thread:\n{''.join(proc.lines)}")
+        pytest.fail(f"{proc.args[3:]} ignored a SIGTERM taken by a side thread:\n{''.join(proc.lines)}")
 
 
 def test_serve_stops_on_a_sigterm_taken_by_any_thread(cluster: Cluster):

@@ -18,8 +18,9 @@ from tests.workers import block
 
 
 def run_worker(*args: str, timeout: float = 600) -> str:
-    proc = subprocess.run([sys.executable, "-m", "tests.workers", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.workers", *args], capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -42,7 +43,7 @@ def test_two_replicas_survive_one_daemon_killed(cluster):
         c.put_many(keys, values)
         assert {len(d.segments) for d in c.stats().daemons} == {1}
         d1.kill()
-        assert c.get_many(keys) == values            # every block from the surviving replica
+        assert c.get_many(keys) == values  # every block from the surviving replica
     with KVClient(address, ClientConfig(replica_num=2, transports=("shm",))) as c:
         assert c.get_many(keys) == values
 
@@ -79,22 +80,22 @@ def test_four_processes_random_ops_no_corruption(cluster, in_process_meta):
 def test_finished_reads_hand_their_leases_back(cluster):
     """A client's own reads do not hold a key past their end: it can remove it at once (no
     force), and a force-remove under another client's read frees the space when that one is done."""
-    _, address = cluster.meta({"KVSTORE_META_LEASE_TTL_S": "60"})   # no lease runs out meanwhile
+    _, address = cluster.meta({"KVSTORE_META_LEASE_TTL_S": "60"})  # no lease runs out meanwhile
     cluster.daemon(address, "16MiB", None, "--segment-size", "16MiB")
     with KVClient(address) as a, KVClient(address) as b:
         a.put("mine", b"x" * 100)
         assert a.get("mine") == b"x" * 100
-        a.remove("mine")                              # no KeyBusy: the lease went back with it
+        a.remove("mine")  # no KeyBusy: the lease went back with it
         assert a.exists("mine") is False
 
         a.put("big", block(9, 0, 12 << 20))
         assert b.get("big") == block(9, 0, 12 << 20)  # b reads; its lease goes back on its next call
         used = a.stats().used
         a.remove("big", force=True)
-        assert a.exists("big") is False and a.stats().used == used   # b may still be copying
-        b.get_many([])                                # b's next Get hands its lease back
+        assert a.exists("big") is False and a.stats().used == used  # b may still be copying
+        b.get_many([])  # b's next Get hands its lease back
         assert a.stats().used == used - (12 << 20)
-        a.put("next", block(9, 1, 12 << 20))          # the 12 MiB are free again
+        a.put("next", block(9, 1, 12 << 20))  # the 12 MiB are free again
 
 
 def test_a_closing_client_hands_its_small_put_regions_back_at_once(cluster):
@@ -107,10 +108,10 @@ def test_a_closing_client_hands_its_small_put_regions_back_at_once(cluster):
     with KVClient(address) as probe:
         empty = probe.stats().used
         writer = KVClient(address)
-        assert writer.transports[0] == "shm"                          # regions are for same-host writers
+        assert writer.transports[0] == "shm"  # regions are for same-host writers
         writer.put_many(keys, values)
         held = probe.stats().used - empty
-        assert held >= REGION_MIN                                      # a region, mostly not filled
+        assert held >= REGION_MIN  # a region, mostly not filled
         writer.close()
         kept = probe.stats().used - empty
         assert sum(map(len, values)) <= kept < held

@@ -3,17 +3,21 @@ during demotion, SSD contents surviving a daemon restart."""
 
 import threading
 
-import pytest
-
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import KVStoreError
 from tests.cluster import wait_until
+from tests.meta_helpers import endpoint_address
 from tests.workers import block
 
-FAST = {"KVSTORE_META_TICK_INTERVAL_S": "0.05", "KVSTORE_META_HIGH_WATERMARK": "0.8",
-        "KVSTORE_META_LOW_WATERMARK": "0.6", "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000",
-        "KVSTORE_META_SSD_HIGH_WATERMARK": "0.9", "KVSTORE_META_SSD_LOW_WATERMARK": "0.8"}
+FAST = {
+    "KVSTORE_META_TICK_INTERVAL_S": "0.05",
+    "KVSTORE_META_HIGH_WATERMARK": "0.8",
+    "KVSTORE_META_LOW_WATERMARK": "0.6",
+    "KVSTORE_META_PROMOTE_AFTER_HITS": "1000000",
+    "KVSTORE_META_SSD_HIGH_WATERMARK": "0.9",
+    "KVSTORE_META_SSD_LOW_WATERMARK": "0.8",
+}
 MIB = 1 << 20
 
 
@@ -29,8 +33,9 @@ def settled(client) -> bool:
 
 def start(cluster, tmp_path, dram="32MiB", ssd="256MiB", env=None):
     _, address = cluster.meta(dict(FAST, **(env or {})))
-    daemon = cluster.daemon(address, dram, None, "--segment-size", dram, "--ssd-dir", str(tmp_path / "ssd"),
-                            "--ssd", ssd)
+    daemon = cluster.daemon(
+        address, dram, None, "--segment-size", dram, "--ssd-dir", str(tmp_path / "ssd"), "--ssd", ssd
+    )
     return address, daemon
 
 
@@ -38,7 +43,7 @@ def test_three_times_dram_stays_readable(cluster, tmp_path):
     address, _ = start(cluster, tmp_path)
     keys = [f"t/{i}" for i in range(96)]
     with KVClient(address, ClientConfig(timeout_s=60)) as c:
-        for i, k in enumerate(keys):                 # 96 MiB through 32 MiB of DRAM
+        for i, k in enumerate(keys):  # 96 MiB through 32 MiB of DRAM
             c.put(k, block(1, i, MIB - 1000 + i))
         for i, k in enumerate(keys):
             assert c.get(k) == block(1, i, MIB - 1000 + i), k
@@ -49,16 +54,16 @@ def test_three_times_dram_stays_readable(cluster, tmp_path):
 
 def test_full_ssd_deletes_only_least_recently_used(cluster, tmp_path):
     address, _ = start(cluster, tmp_path, dram="16MiB", ssd="64MiB")
-    n = 160                                          # 160 MiB through 16 + 64 MiB
+    n = 160  # 160 MiB through 16 + 64 MiB
     with KVClient(address, ClientConfig(timeout_s=60)) as c:
         for i in range(n):
             c.put(f"f/{i}", block(2, i, MIB))
         wait_until(lambda: settled(c), what="tiers below their watermarks")
         alive = c.exists_many([f"f/{i}" for i in range(n)])
         stats = c.stats()
-        assert stats.keys + stats.evictions == n     # every block is stored or was evicted
+        assert stats.keys + stats.evictions == n  # every block is stored or was evicted
         first_alive = alive.index(True)
-        assert not any(alive[:first_alive]) and all(alive[first_alive:])   # a clean LRU cut
+        assert not any(alive[:first_alive]) and all(alive[first_alive:])  # a clean LRU cut
         for i in range(first_alive, n):
             assert c.get(f"f/{i}") == block(2, i, MIB)
 
@@ -84,7 +89,7 @@ def test_readers_during_demotion_see_no_wrong_byte_or_miss(cluster, tmp_path):
     for t in threads:
         t.start()
     with KVClient(address, ClientConfig(timeout_s=60)) as c:
-        for i in range(120):                         # forces continual demotion around the readers
+        for i in range(120):  # forces continual demotion around the readers
             c.put(f"cold/{i}", block(4, i, MIB))
         wait_until(lambda: tier_stats(c)["ssd"].demotions >= 60, what="demotions")
     stop.set()
@@ -104,21 +109,25 @@ def test_ssd_blocks_survive_daemon_restart_and_corruption_is_dropped(cluster, tm
         wait_until(lambda: tier_stats(c)["ssd"].blocks >= 10, what="blocks on SSD")
         reply = c.meta.get(keys)
         segments = reply.segments
-        on_ssd = [(k, r.grants[0]) for k, r in zip(keys, reply.results)
-                  if segments[r.grants[0].segment_id].tier.value == "ssd"]
+        on_ssd = [
+            (k, r.grants[0])
+            for k, r in zip(keys, reply.results)
+            if segments[r.grants[0].segment_id].tier.value == "ssd"
+        ]
     victim, grant = on_ssd[0]
     daemon.kill()
-    data_file = segments[grant.segment_id].endpoint("shm").address.split("|")[-1]
-    with open(data_file, "r+b") as fh:               # corrupt one block on disk while it is down
+    data_file = endpoint_address(segments[grant.segment_id], "shm").split("|")[-1]
+    with open(data_file, "r+b") as fh:  # corrupt one block on disk while it is down
         fh.seek(grant.offset + 10)
         fh.write(b"\xde\xad\xbe\xef")
 
-    restarted = cluster.daemon(address, "32MiB", None, "--segment-size", "32MiB",
-                               "--ssd-dir", str(tmp_path / "ssd"), "--ssd", "256MiB")
+    restarted = cluster.daemon(
+        address, "32MiB", None, "--segment-size", "32MiB", "--ssd-dir", str(tmp_path / "ssd"), "--ssd", "256MiB"
+    )
     with KVClient(address) as c:
         survivors = [k for k, _ in on_ssd[1:]]
         assert c.exists_many(survivors) == [True] * len(survivors)
         for k in survivors:
             assert c.get(k) == block(5, keys.index(k), MIB)
-        assert c.exists(victim) is False              # detected and dropped, never served
+        assert c.exists(victim) is False  # detected and dropped, never served
     assert any("checksum mismatch" in line and victim in line for line in restarted.lines)

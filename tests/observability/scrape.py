@@ -3,29 +3,32 @@ Prometheus text the way a scraper does."""
 
 from __future__ import annotations
 
-import re
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cluster import Cluster, spawn
+from tests.cluster import Cluster, found, spawn
 
 
-def serve_observed(dram: str, *extra: str, env: dict[str, str] | None = None,
-                   module: str = "kvstore.cli") -> tuple[Cluster, str, str, str]:
+def serve_observed(
+    dram: str, *extra: str, env: dict[str, str] | None = None, module: str = "kvstore.cli"
+) -> tuple[Cluster, str, str, str]:
     """`kvstore serve` with --admin-port 0 and --metrics-port 0: (cluster, meta, admin, daemon metrics)."""
     cluster = Cluster()
     ssd = [] if "--ssd-dir" in extra else ["--ssd-dir", ""]
     try:
-        proc = spawn(["serve", "--port", "0", "--dram", dram, *ssd, "--admin-port", "0", "--metrics-port", "0",
-                      *extra], env, module=module)
+        proc = spawn(
+            ["serve", "--port", "0", "--dram", dram, *ssd, "--admin-port", "0", "--metrics-port", "0", *extra],
+            env,
+            module=module,
+        )
     except BaseException:
         cluster.close()
         raise
     cluster.procs.append(proc)
-    meta = re.search(r"meta=(\S+)", proc.ready_line).group(1)
-    admin = re.search(r"admin=(\S+)", proc.ready_line).group(1)
-    metrics = re.search(r"metrics=(\S+)", proc.ready_line).group(1)
+    meta = found(r"meta=(\S+)", proc.ready_line).group(1)
+    admin = found(r"admin=(\S+)", proc.ready_line).group(1)
+    metrics = found(r"metrics=(\S+)", proc.ready_line).group(1)
     return cluster, meta, admin, metrics
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,14 +23,20 @@ from tests.cluster import SECRET, wait_until
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(os.environ.get("KVSTORE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "build" /
-                                "test-artifacts"))
+ARTIFACTS = Path(
+    os.environ.get("KVSTORE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "build" / "test-artifacts")
+)
 MIB = 1 << 20
 
 
 def kvstore(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "kvstore.cli", *args], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, KVSTORE_SECRET=SECRET))
+    out = subprocess.run(
+        [sys.executable, "-m", "kvstore.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, KVSTORE_SECRET=SECRET),
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -60,17 +66,22 @@ def store():
         yield admin, router, stat
 
 
-def _page_numbers(page) -> dict:
+def _page_numbers(page) -> dict[str, Any]:
     def text(selector: str) -> str:
         return page.inner_text(selector).strip()
 
-    out = {"keys": int(text('#store [data-field="keys"]')),
-           "evictions": int(text('#store [data-field="evictions"]')),
-           "tiers": {}, "daemons": page.locator("#daemons tbody tr[data-daemon]").count()}
+    out = {
+        "keys": int(text('#store [data-field="keys"]')),
+        "evictions": int(text('#store [data-field="evictions"]')),
+        "tiers": {},
+        "daemons": page.locator("#daemons tbody tr[data-daemon]").count(),
+    }
     for row in page.locator("#tiers tbody tr[data-tier]").all():
         tier = row.get_attribute("data-tier")
-        out["tiers"][tier] = {f: int(row.locator(f'[data-field="{f}"]').inner_text())
-                              for f in ("blocks", "hits", "evictions", "demotions", "promotions")}
+        out["tiers"][tier] = {
+            f: int(row.locator(f'[data-field="{f}"]').inner_text())
+            for f in ("blocks", "hits", "evictions", "demotions", "promotions")
+        }
     return out
 
 
@@ -78,9 +89,11 @@ def _page_numbers(page) -> dict:
 def test_the_dashboard_shows_what_kvstore_stat_says(store):
     from playwright.sync_api import sync_playwright
 
-    admin, router, stat = store
-    wait_until(lambda: httpx.get(f"http://{admin}/dashboard/data").json()["routers"][0].get("requests") == 3,
-               what="the router's figures on the dashboard")
+    admin, _router, stat = store
+    wait_until(
+        lambda: httpx.get(f"http://{admin}/dashboard/data").json()["routers"][0].get("requests") == 3,
+        what="the router's figures on the dashboard",
+    )
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         try:
@@ -101,8 +114,9 @@ def test_the_dashboard_shows_what_kvstore_stat_says(store):
     assert shown["keys"] == stat["keys"]
     assert shown["evictions"] == stat["evictions"] > 0
     assert shown["daemons"] == len(stat["daemons"]) == 1
-    assert shown["tiers"] == {t["tier"]: {f: t[f] for f in ("blocks", "hits", "evictions", "demotions", "promotions")}
-                              for t in stat["tiers"]}
+    assert shown["tiers"] == {
+        t["tier"]: {f: t[f] for f in ("blocks", "hits", "evictions", "demotions", "promotions")} for t in stat["tiers"]
+    }
     assert ttft_p50.endswith(" ms") and float(ttft_p50.split()[0]) > 0
     assert fallback == "0.0%"
     assert status.startswith("updated")

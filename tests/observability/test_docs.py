@@ -22,8 +22,14 @@ def grafana_exprs() -> list[str]:
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus) is not installed")
 def test_every_grafana_expression_is_valid_promql(tmp_path):
-    rules = {"groups": [{"name": "grafana", "rules": [{"record": f"kvstore:panel_{i}", "expr": e}
-                                                       for i, e in enumerate(grafana_exprs())]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "grafana",
+                "rules": [{"record": f"kvstore:panel_{i}", "expr": e} for i, e in enumerate(grafana_exprs())],
+            }
+        ]
+    }
     path = tmp_path / "grafana-exprs.yml"
     path.write_text(json.dumps(rules))
     checked = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)

@@ -17,7 +17,7 @@ from kvstore.config import ClientConfig
 from kvstore.engines.router.policy import CostModel, CostPolicy, InstanceLoad, Pools, Route, RouteRequest
 from kvstore.engines.router.telemetry import Telemetry
 from tests.observability import throttled
-from tests.observability.scrape import Scrape, fetch, serve_observed
+from tests.observability.scrape import Scrape, serve_observed
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
@@ -35,9 +35,10 @@ def measured(tmp_path_factory):
         with KVClient(meta, ClientConfig(transports=("tcp",))) as kv:
             keys = [f"link/{i}" for i in range(12)]
             kv.put_many(keys, [bytes([i]) * MIB for i in range(12)])
-            for key in keys[:6]:                                   # one 1 MiB read per call: six samples
+            for key in keys[:6]:  # one 1 MiB read per call: six samples
                 kv.get(key)
             before = kv.links()
+            assert kv.metrics is not None  # metrics are on by default
             text_before = generate_latest(kv.metrics.registry).decode()
             throttled.set_rate(rate_file, THROTTLE)
             for key in keys[6:9]:
@@ -54,8 +55,8 @@ def test_measured_bandwidth_drops_when_the_daemon_is_throttled(measured):
     before, after, _, _ = measured
     (b,), (a,) = before, after
     assert b.transport == a.transport == "tcp" and b.daemon == a.daemon
-    assert b.bandwidth_bytes_per_s > 20 * THROTTLE                 # loopback tcp: hundreds of MB/s at least
-    assert a.bandwidth_bytes_per_s < 2 * THROTTLE                   # the next transfers show the throttle
+    assert b.bandwidth_bytes_per_s > 20 * THROTTLE  # loopback tcp: hundreds of MB/s at least
+    assert a.bandwidth_bytes_per_s < 2 * THROTTLE  # the next transfers show the throttle
     assert a.transfers == b.transfers + 3 and a.bytes == b.bytes + 3 * MIB
 
 
@@ -64,7 +65,7 @@ def test_the_router_shifts_long_prompts_away_from_pd(measured):
     over the fast link and stays colocated once the link is slow; a short one stays colocated."""
     before, after, _, _ = measured
     now = [0.0]
-    model = CostModel(kv_bytes_per_token=64 << 10, default_bandwidth=1e12)   # the default would favour PD
+    model = CostModel(kv_bytes_per_token=64 << 10, default_bandwidth=1e12)  # the default would favour PD
     telemetry = Telemetry(model, clock=lambda: now[0])
     policy = CostPolicy(model, telemetry)
     pools = Pools(prefill=("p",), decode=("d",), colocated=("c",))
@@ -80,11 +81,11 @@ def test_the_router_shifts_long_prompts_away_from_pd(measured):
     telemetry.record_links([link.to_dict() for link in after])
     slow = policy.decide(long, pools, loads)
     assert slow.route is Route.COLOCATED and "colocated" in slow.reason
-    assert slow.transfer_s > slow.saved_s
+    assert slow.transfer_s is not None and slow.saved_s is not None and slow.transfer_s > slow.saved_s
     assert policy.decide(short, pools, loads).route is Route.COLOCATED
 
 
-def _promtool_test(tmp_path: Path, scraped: str, expect_alert: bool) -> subprocess.CompletedProcess:
+def _promtool_test(tmp_path: Path, scraped: str, expect_alert: bool) -> subprocess.CompletedProcess[str]:
     """promtool's rule unit test: the scraped link gauge as a constant series for 5 minutes, and
     whether KVStoreLinkSlow fires at 3m (it has `for: 1m`)."""
     samples = Scrape(scraped).samples
@@ -95,15 +96,26 @@ def _promtool_test(tmp_path: Path, scraped: str, expect_alert: bool) -> subproce
         alert["exp_annotations"] = {
             "summary": f"KV link {link.labels['host']} -> {link.labels['daemon']} (tcp) below 100 MB/s",
             "description": "TTFT of PD requests rises while prefill time looks normal; the router shifts long "
-                           "prompts to colocated."}
-    test = {"rule_files": [str(ALERTS)], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m",
-                       "input_series": [{"series": f"kvstore_client_link_bandwidth_bytes_per_second{{{labels}}}",
-                                         "values": f"{link.value}x5"}],
-                       "alert_rule_test": [{"eval_time": "3m", "alertname": "KVStoreLinkSlow",
-                                            "exp_alerts": alerts}]}]}
+            "prompts to colocated.",
+        }
+    test = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f"kvstore_client_link_bandwidth_bytes_per_second{{{labels}}}",
+                        "values": f"{link.value}x5",
+                    }
+                ],
+                "alert_rule_test": [{"eval_time": "3m", "alertname": "KVStoreLinkSlow", "exp_alerts": alerts}],
+            }
+        ],
+    }
     path = tmp_path / f"link-{expect_alert}.yml"
-    path.write_text(json.dumps(test))                    # JSON is YAML
+    path.write_text(json.dumps(test))  # JSON is YAML
     return subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
 
 
@@ -127,18 +139,20 @@ def test_the_example_rules_are_valid():
 def test_the_active_probe_measures_latency_without_traffic():
     """With link_probe_s, an empty tcp request to each daemon the client has used times the link
     while no transfer runs: the link's latency is refreshed, its transfer count stays."""
-    from kvstore.metrics.links import LinkProbe
     from kvstore.metrics.client import tcp_probe_targets
+    from kvstore.metrics.links import LinkProbe
 
     cluster, meta, _, _ = serve_observed("64MiB")
     try:
         with KVClient(meta, ClientConfig(transports=("tcp",))) as kv:
-            kv.put("probe/k", bytes(MIB))                          # a bandwidth sample, no latency one
+            kv.put("probe/k", bytes(MIB))  # a bandwidth sample, no latency one
             (link,) = kv.links()
             assert link.latency_s is None and link.transfers == 1
-            probe = LinkProbe(kv.metrics.links, tcp_probe_targets(kv.metrics, lambda: kv.transport("tcp"), 5.0),
-                              interval_s=3600)
-            probe.probe_once()                                      # what the probe's thread does each period
+            assert kv.metrics is not None  # metrics are on by default
+            probe = LinkProbe(
+                kv.metrics.links, tcp_probe_targets(kv.metrics, lambda: kv.transport("tcp"), 5.0), interval_s=3600
+            )
+            probe.probe_once()  # what the probe's thread does each period
             (probed,) = kv.links()
             assert probed.latency_s is not None and 0 < probed.latency_s < 1.0
             assert probed.transfers == 1 and probed.failures == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import httpx
 import pytest
@@ -19,12 +20,12 @@ from tests.cluster import Cluster, spawn, wait_until
 MIB = 1 << 20
 
 
-def records(lines: list[str]) -> list[dict]:
+def records(lines: list[str]) -> list[dict[str, Any]]:
     """Every line but the readiness line, each parsed as JSON (a line that is not fails the test)."""
     return [json.loads(line) for line in lines if line.strip() and not line.startswith("kvstore ")]
 
 
-def events(lines: list[str], name: str) -> list[dict]:
+def events(lines: list[str], name: str) -> list[dict[str, Any]]:
     return [r for r in records(lines) if r.get("event") == name]
 
 
@@ -57,7 +58,7 @@ def test_daemon_up_eviction_pressure_and_daemon_down_are_json_events():
         daemon = cluster.daemon(meta, "8MiB", {"KVSTORE_DAEMON_HEARTBEAT_INTERVAL_S": "0.2"})
         up = wait_until(lambda: events(meta_proc.lines, "daemon_up"), what="daemon_up")
         with KVClient(meta, ClientConfig(transports=("tcp",))) as kv:
-            for i in range(12):                                  # 12 MiB into 8: evictions
+            for i in range(12):  # 12 MiB into 8: evictions
                 kv.put(f"log/{i}", bytes([i]) * MIB)
         pressure = wait_until(lambda: events(meta_proc.lines, "eviction_pressure"), what="eviction_pressure")
         daemon.kill()
@@ -79,9 +80,11 @@ def test_one_request_id_on_the_router_and_the_engine():
         answer = httpx.post(f"{url}/v1/completions", json={"prompt": "hello there", "max_tokens": 3}, timeout=120)
         answer.raise_for_status()
         rid = answer.json()["id"]
+
         # Both processes log a request's line once it has ended, which can be after its answer reached us.
-        def summary_lines(lines: list[str]) -> list[dict]:
+        def summary_lines(lines: list[str]) -> list[dict[str, Any]]:
             return [r for r in records(lines) if r.get("request_id") == rid and r["msg"].startswith("request {")]
+
         wait_until(lambda: summary_lines(engine.lines), what="the engine's line")
         wait_until(lambda: summary_lines(router.lines), what="the router's line")
         on_router = [r for r in records(router.lines) if r.get("request_id") == rid]
@@ -89,6 +92,13 @@ def test_one_request_id_on_the_router_and_the_engine():
         assert any("request" in r["msg"] for r in on_router)
         (line,) = [json.loads(r["msg"].split(" ", 1)[1]) for r in on_router if r["msg"].startswith("request {")]
         assert line["request_id"] == rid and set(line["ttft_phases"]) == {
-            "queue", "prefill", "batch", "kv_put", "kv_get", "first_step", "other"}
+            "queue",
+            "prefill",
+            "batch",
+            "kv_put",
+            "kv_get",
+            "first_step",
+            "other",
+        }
         assert sum(line["ttft_phases"].values()) >= line["ttft_s"] * 0.99
         assert any(json.loads(r["msg"].split(" ", 1)[1])["request_id"] == rid for r in on_engine)

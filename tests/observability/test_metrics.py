@@ -29,27 +29,27 @@ def workload():
         with KVClient(meta, ClientConfig(transports=("tcp",))) as kv:
             keys = [f"obs/k{i}" for i in range(N)]
             values = [bytes([i]) * SIZE for i in range(N)]
-            assert kv.put_many(keys, values) == [True] * N                   # PutStart + one write + PutEnd
-            assert kv.put_many(keys[:2], values[:2]) == [False, False]       # ALREADY_EXISTS: no write, no PutEnd
-            assert kv.get_many(keys) == values                               # 8 hits, one read of 800 KiB
+            assert kv.put_many(keys, values) == [True] * N  # PutStart + one write + PutEnd
+            assert kv.put_many(keys[:2], values[:2]) == [False, False]  # ALREADY_EXISTS: no write, no PutEnd
+            assert kv.get_many(keys) == values  # 8 hits, one read of 800 KiB
             missing = kv.get_many_into(["obs/none1", "obs/none2"], [bytearray(1), bytearray(1)], strict=False)
-            assert all(isinstance(m, Exception) for m in missing)            # 2 misses, nothing read
+            assert all(isinstance(m, Exception) for m in missing)  # 2 misses, nothing read
             assert kv.exists_many([*keys, "obs/none1", "obs/none2"]) == [True] * N + [False, False]
-            assert kv.match_prefix([*keys[:5], "obs/none1", keys[5]]) == 5   # 5 hit, 2 not
+            assert kv.match_prefix([*keys[:5], "obs/none1", keys[5]]) == 5  # 5 hit, 2 not
             kv.remove(keys[7])
             assert kv.pin(keys[:2], 60) == [None, None]
             with pytest.raises(Exception, match="positive ttl"):
-                kv.pin(keys[:1], 0)                                          # refused whole: INVALID_ARGUMENT
+                kv.pin(keys[:1], 0)  # refused whole: INVALID_ARGUMENT
             reply = kv.meta.put_start(["obs/revoked", "obs/huge"], [KIB, 1 << 40])
-            assert reply.results[1].code.name == "INVALID_ARGUMENT"          # a put refusal
-            kv.meta.put_revoke(["obs/revoked"])                              # a revoked put
+            assert reply.results[1].code.name == "INVALID_ARGUMENT"  # a put refusal
+            kv.meta.put_revoke(["obs/revoked"])  # a revoked put
             # A forged read grant: the daemon refuses it, the client counts the failure.
             good = kv.meta.get([keys[0]]).results[0]
             segment = kv.meta.get([keys[0]]).segments[good.grants[0].segment_id]
             forged = dataclasses.replace(good.grants[0], mac=bytes(len(good.grants[0].mac)))
             with pytest.raises(PermissionDenied):
-                kv.transport("tcp").read(segment, [Transfer(forged, memoryview(bytearray(SIZE)))],
-                                               time.monotonic() + 5)
+                kv.transport("tcp").read(segment, [Transfer(forged, memoryview(bytearray(SIZE)))], time.monotonic() + 5)
+            assert kv.metrics is not None  # metrics are on by default
             client_text = generate_latest(kv.metrics.registry).decode()
             links = kv.links()
             stats = kv.stats()
@@ -78,13 +78,13 @@ def test_service_calls_by_method_and_status(workload):
 def test_service_hits_misses_and_grants(workload):
     service = workload[0]
     blocks = "kvstore_meta_lookup_blocks_total"
-    assert service.value(blocks, call="get", result="hit") == N + 2          # get_many, then the forgery's two Gets
+    assert service.value(blocks, call="get", result="hit") == N + 2  # get_many, then the forgery's two Gets
     assert service.value(blocks, call="get", result="miss") == 2
     assert service.value(blocks, call="exists", result="hit") == N
     assert service.value(blocks, call="exists", result="miss") == 2
     assert service.value(blocks, call="match_prefix", result="hit") == 5
     assert service.value(blocks, call="match_prefix", result="miss") == 2
-    assert service.value("kvstore_meta_grants_issued_total", mode="write") == N + 1   # + obs/revoked
+    assert service.value("kvstore_meta_grants_issued_total", mode="write") == N + 1  # + obs/revoked
     assert service.value("kvstore_meta_grants_issued_total", mode="read") == N + 2
     assert service.value("kvstore_meta_put_refusals_total", code="INVALID_ARGUMENT") == 1
 
@@ -139,14 +139,28 @@ def test_client_transfers_failures_and_links(workload):
     count = "kvstore_client_transfer_duration_seconds_count"
     assert client.value(count, transport="tcp", daemon=daemon_id, direction="put") == 1
     assert client.value(count, transport="tcp", daemon=daemon_id, direction="get") == 1
-    assert client.value("kvstore_client_transfer_failures_total", transport="tcp", daemon=daemon_id,
-                        direction="get", error="PermissionDenied") == 1
+    assert (
+        client.value(
+            "kvstore_client_transfer_failures_total",
+            transport="tcp",
+            daemon=daemon_id,
+            direction="get",
+            error="PermissionDenied",
+        )
+        == 1
+    )
     (link,) = links
-    assert (link.daemon, link.transport, link.transfers, link.bytes, link.failures) == (daemon_id, "tcp", 2,
-                                                                                      2 * N * SIZE, 1)
+    assert (link.daemon, link.transport, link.transfers, link.bytes, link.failures) == (
+        daemon_id,
+        "tcp",
+        2,
+        2 * N * SIZE,
+        1,
+    )
     assert link.bandwidth_bytes_per_s > 0 and not link.stale
-    bandwidth = client.value("kvstore_client_link_bandwidth_bytes_per_second", host=link.host, daemon=daemon_id,
-                             transport="tcp")
+    bandwidth = client.value(
+        "kvstore_client_link_bandwidth_bytes_per_second", host=link.host, daemon=daemon_id, transport="tcp"
+    )
     assert bandwidth == pytest.approx(link.bandwidth_bytes_per_s, rel=0.5)
 
 
@@ -157,11 +171,11 @@ def test_evictions_demotions_promotions_and_ssd(tmp_path):
     cluster, meta, admin, daemon_metrics = serve_observed("4MiB", "--ssd-dir", str(tmp_path / "ssd"), "--ssd", "64MiB")
     try:
         with KVClient(meta, ClientConfig(transports=("tcp",))) as kv:
-            keys = [f"tier/k{i}" for i in range(32)]           # 8 MiB into 4 MiB of DRAM
+            keys = [f"tier/k{i}" for i in range(32)]  # 8 MiB into 4 MiB of DRAM
             for key in keys:
                 kv.put(key, key.encode() * (256 * KIB // len(key)))
             wait_until(lambda: sum(t.demotions for t in kv.stats().tiers) >= 16, what="demotions")
-            for _ in range(2):                                   # reads served from SSD
+            for _ in range(2):  # reads served from SSD
                 assert all(isinstance(n, int) for n in kv.get_many_into(keys, [bytearray(256 * KIB) for _ in keys]))
             stats = kv.stats()
         service, daemon = Scrape(scrape(admin)), Scrape(scrape(daemon_metrics))
@@ -172,6 +186,6 @@ def test_evictions_demotions_promotions_and_ssd(tmp_path):
         assert daemon.value("kvstore_daemon_ssd_bytes_total", op="write") > 0
         assert daemon.value("kvstore_daemon_ssd_io_seconds_total", op="write") > 0
         assert daemon.value("kvstore_daemon_ssd_journal_lag_seconds_count") > 0
-        assert daemon.value("kvstore_daemon_ssd_bytes_total", op="read") > 0        # the tcp reads of SSD blocks
+        assert daemon.value("kvstore_daemon_ssd_bytes_total", op="read") > 0  # the tcp reads of SSD blocks
     finally:
         cluster.close()

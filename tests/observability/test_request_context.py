@@ -5,12 +5,13 @@ split's parts the batching engine measures add up to its TTFT."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch
 
 from kvstore.client import KVClient
-from kvstore.engines.codec import Granularity
+from kvstore.engines.keys import Granularity
 from kvstore.engines.reference.engine import EngineConfig, GenerationRequest, ReferenceEngine, Role
 from kvstore.engines.reference.model import ModelConfig, ReferenceModel
 from kvstore.jsonlog import request_id
@@ -61,29 +62,35 @@ def store_address():
     cluster.close()
 
 
-def serve_batch(e: ReferenceEngine, requests: list[GenerationRequest]) -> list:
+def serve_batch(e: ReferenceEngine, requests: list[GenerationRequest]) -> list[Any]:
     sinks = [Sink() for _ in requests]
     for req, sink in zip(requests, sinks):
         e.submit(req, sink)
     while e.has_work():
         e.step(wait_s=0.05)
     assert all(s.error is None and s.generation is not None for s in sinks)
-    return [s.generation.metrics for s in sinks]
+    return [s.generation.metrics for s in sinks if s.generation is not None]
 
 
 @pytest.mark.parametrize("granularity", list(Granularity))
 def test_each_store_call_runs_under_its_requests_id(store_address, granularity):
     model = ReferenceModel(ModelConfig())
-    prompts = {f"rid-{i}": torch.randint(0, 256, (70 + 20 * i,), generator=torch.Generator().manual_seed(i)).tolist()
-               for i in range(3)}
+    prompts = {
+        f"rid-{i}": torch.randint(0, 256, (70 + 20 * i,), generator=torch.Generator().manual_seed(i)).tolist()
+        for i in range(3)
+    }
     with KVClient(store_address) as kv:
         store = Recording(kv)
         tenant = f"ctx-{granularity.value}"
         for role, suffix in ((Role.PREFILL, "p"), (Role.DECODE, "d")):
-            e = ReferenceEngine(model, EngineConfig(role, block_size=BS, cache_blocks=256, tenant=tenant,
-                                                    granularity=granularity), store)
-            done = serve_batch(e, [GenerationRequest(f"{rid}-{suffix}", p, 4, len(p) // BS * BS)
-                                   for rid, p in prompts.items()])
+            e = ReferenceEngine(
+                model,
+                EngineConfig(role, block_size=BS, cache_blocks=256, tenant=tenant, granularity=granularity),
+                store,
+            )
+            done = serve_batch(
+                e, [GenerationRequest(f"{rid}-{suffix}", p, 4, len(p) // BS * BS) for rid, p in prompts.items()]
+            )
             e.close()
             # The TTFT split's parts measured on the instance: they make up its TTFT, and sharing
             # steps shows as time in the batch.
@@ -91,12 +98,13 @@ def test_each_store_call_runs_under_its_requests_id(store_address, granularity):
                 parts = m.queue_s + m.kv_load_s + m.prefill_compute_s + m.batch_wait_s
                 assert m.batch_wait_s >= 0 and parts == pytest.approx(m.ttft_s)
             assert any(m.batch_wait_s > 0 for m in done)
-    assert request_id.get() == ""                          # the engine's thread is left as it was
+    assert request_id.get() == ""  # the engine's thread is left as it was
     threads = {name: {t for m, t, _, _ in store.calls if m == name} for name in PER_REQUEST}
     assert threads["put_many"] and all(t.startswith("kv-save") for t in threads["put_many"])
     assert threads["get_many_into"] and all(t.startswith("kv-load") for t in threads["get_many_into"])
-    for method, _, rid, keys in store.calls:
-        assert rid.startswith("rid-"), (method, keys)
+    for method, _, rid, call_keys in store.calls:
+        assert rid.startswith("rid-"), (method, call_keys)
+
     # Under each id, the decode instance loaded exactly the blocks the prefill instance saved for
     # that prompt: no call ran under another request's id.
     def keys(method: str, rid: str) -> set[str]:

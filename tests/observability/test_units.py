@@ -23,20 +23,24 @@ MIB = 1 << 20
 def test_link_bandwidth_and_latency_are_ewmas_of_real_transfers():
     clock = FakeClock()
     links = LinkMonitor("host-a", LinkConfig(alpha=0.5, stale_s=10), clock)
-    links.record("d1", "tcp", 4096, 0.001)                   # a latency sample
-    links.record("d1", "tcp", 10 * MIB, 0.011)               # 10 MiB in 10 ms past the latency: ~1 GB/s
+    links.record("d1", "tcp", 4096, 0.001)  # a latency sample
+    links.record("d1", "tcp", 10 * MIB, 0.011)  # 10 MiB in 10 ms past the latency: ~1 GB/s
     (link,) = links.links()
     assert link.latency_s == pytest.approx(0.001)
     assert link.bandwidth_bytes_per_s == pytest.approx(10 * MIB / 0.010)
-    links.record("d1", "tcp", 10 * MIB, 1.001)               # one slow transfer pulls it down at once
+    links.record("d1", "tcp", 10 * MIB, 1.001)  # one slow transfer pulls it down at once
     slow = links.links()[0].bandwidth_bytes_per_s
-    assert slow < 2 * (10 * MIB / 1.0)
+    assert slow is not None and slow < 2 * (10 * MIB / 1.0)
     assert (link.transfers, links.links()[0].transfers) == (2, 3)
     clock.advance(11)
     assert links.links()[0].stale and links.links()[0].age_s == pytest.approx(11)
     links.record_failure("d2", "shm")
     assert [(x.daemon, x.transport, x.failures, x.bandwidth_bytes_per_s) for x in links.links()][1] == (
-        "d2", "shm", 1, None)
+        "d2",
+        "shm",
+        1,
+        None,
+    )
 
 
 def test_link_config_is_validated():
@@ -48,10 +52,21 @@ def test_link_config_is_validated():
 
 def _stats(daemons: tuple[str, ...], evictions: int = 0, used: int = 0) -> StoreStats:
     dram = TierStats(Tier.DRAM, capacity=100, used=used, blocks=1, evictions=evictions)
-    ds = tuple(DaemonStats(d, 0.0, (SegmentInfo(f"{d}-s", d, Tier.DRAM, 100, (
-        Endpoint("metrics", f"http://{d}"),), "h"),)) for d in daemons)
-    return StoreStats(keys=1, pending=0, capacity=100, used=used, evictions=evictions, revoked_puts=0, leased=0,
-                      tiers=(dram,), daemons=ds)
+    ds = tuple(
+        DaemonStats(d, 0.0, (SegmentInfo(f"{d}-s", d, Tier.DRAM, 100, (Endpoint("metrics", f"http://{d}"),), "h"),))
+        for d in daemons
+    )
+    return StoreStats(
+        keys=1,
+        pending=0,
+        capacity=100,
+        used=used,
+        evictions=evictions,
+        revoked_puts=0,
+        leased=0,
+        tiers=(dram,),
+        daemons=ds,
+    )
 
 
 def test_history_notes_daemons_evictions_and_pressure_and_reads_daemon_traffic():
@@ -61,7 +76,7 @@ def test_history_notes_daemons_evictions_and_pressure_and_reads_daemon_traffic()
     history = History(lambda: state["stats"], dict, 0.95, clock, fetch=lambda url: served[url])
     history.sample()
     clock.advance(2)
-    state["stats"] = _stats(("b",), evictions=3, used=50)      # a left, b came, 3 evicted
+    state["stats"] = _stats(("b",), evictions=3, used=50)  # a left, b came, 3 evicted
     served["http://b/metrics"] = served.pop("http://a/metrics")
     history.sample()
     kinds = [(e.kind, e.detail, e.count) for e in history.events()]
@@ -69,15 +84,17 @@ def test_history_notes_daemons_evictions_and_pressure_and_reads_daemon_traffic()
     assert ("eviction", "dram", 3) in kinds and ("eviction_pressure", "3 evicted", 1) in kinds
     clock.advance(2)
     state["stats"] = _stats(("b",), evictions=3, used=50)
-    history.sample()                                            # pressure is noted once, not per sample
+    history.sample()  # pressure is noted once, not per sample
     assert [e.kind for e in history.events()].count("eviction_pressure") == 1
     assert history.samples()[-1].traffic["b"].bytes_out == 100
 
 
 def test_parse_traffic_sums_transports():
-    text = ('kvstore_daemon_transfer_bytes_total{transport="tcp",direction="in"} 5\n'
-            'kvstore_daemon_transfer_bytes_total{transport="ucx",direction="in"} 7\n'
-            'kvstore_daemon_transfer_requests_total{transport="tcp",direction="in"} 2\n')
+    text = (
+        'kvstore_daemon_transfer_bytes_total{transport="tcp",direction="in"} 5\n'
+        'kvstore_daemon_transfer_bytes_total{transport="ucx",direction="in"} 7\n'
+        'kvstore_daemon_transfer_requests_total{transport="tcp",direction="in"} 2\n'
+    )
     assert parse_traffic(text) == DaemonTraffic(12.0, 0.0, 2.0)
 
 
@@ -88,22 +105,41 @@ def test_client_metrics_export_into_a_host_registry_by_side():
     scheduler.transferred("tcp", "d1", "get", 5, 0.01)
     export(worker, "worker", host)
     export(scheduler, "scheduler", host)
-    export(worker, "worker", host)                            # idempotent
+    export(worker, "worker", host)  # idempotent
     text = generate_latest(host).decode()
-    assert 'kvstore_client_transfer_bytes_total{daemon="d1",direction="get",side="worker",transport="tcp"} 100.0' in text
+    assert (
+        'kvstore_client_transfer_bytes_total{daemon="d1",direction="get",side="worker",transport="tcp"} 100.0' in text
+    )
     assert 'side="scheduler"' in text and text.count("# HELP kvstore_client_transfer_bytes_total") == 1
 
 
 def test_ttft_split_and_summary():
     sink = MetricsSink("router")
     for i in range(10):
-        m = RequestMetrics(f"r{i}", "pd", queue_s=0.01, prefill_compute_s=0.1, kv_save_s=0.02, kv_load_s=0.03,
-                           recompute_s=0.005, ttft_s=0.2 + i / 100, tpot_s=0.01, fallback="miss" if i == 0 else None)
+        m = RequestMetrics(
+            f"r{i}",
+            "pd",
+            queue_s=0.01,
+            prefill_compute_s=0.1,
+            kv_save_s=0.02,
+            kv_load_s=0.03,
+            recompute_s=0.005,
+            ttft_s=0.2 + i / 100,
+            tpot_s=0.01,
+            fallback="miss" if i == 0 else None,
+        )
         m.ttft_phases = m.split_ttft()
         sink.observe(m)
     phases = m.ttft_phases
-    assert phases == {"queue": 0.01, "prefill": 0.1, "batch": 0.0, "kv_put": 0.02, "kv_get": 0.03,
-                      "first_step": 0.005, "other": pytest.approx(0.29 - 0.165)}
+    assert phases == {
+        "queue": 0.01,
+        "prefill": 0.1,
+        "batch": 0.0,
+        "kv_put": 0.02,
+        "kv_get": 0.03,
+        "first_step": 0.005,
+        "other": pytest.approx(0.29 - 0.165),
+    }
     summary = sink.summary()
     assert summary["requests"] == 10 and summary["fallback_rate"] == 0.1
     assert summary["ttft_p50_s"] == pytest.approx(0.24) and summary["ttft_p99_s"] == pytest.approx(0.29)
@@ -115,10 +151,13 @@ def test_router_bandwidth_is_the_harmonic_mean_of_fresh_links():
     now = [0.0]
     telemetry = Telemetry(CostModel(window_s=60, default_bandwidth=123.0), clock=lambda: now[0])
     assert telemetry.bandwidth() == 123.0
-    telemetry.record_links([{"host": "h", "daemon": "a", "transport": "tcp", "bandwidth_bytes_per_s": 1e9},
-                            {"host": "h", "daemon": "b", "transport": "tcp", "bandwidth_bytes_per_s": 1e8},
-                            {"host": "h", "daemon": "c", "transport": "tcp", "bandwidth_bytes_per_s": 5.0,
-                             "stale": True}])
+    telemetry.record_links(
+        [
+            {"host": "h", "daemon": "a", "transport": "tcp", "bandwidth_bytes_per_s": 1e9},
+            {"host": "h", "daemon": "b", "transport": "tcp", "bandwidth_bytes_per_s": 1e8},
+            {"host": "h", "daemon": "c", "transport": "tcp", "bandwidth_bytes_per_s": 5.0, "stale": True},
+        ]
+    )
     assert telemetry.bandwidth() == pytest.approx(2 / (1 / 1e9 + 1 / 1e8))
     now[0] = 61.0
     assert telemetry.bandwidth() == 123.0 and telemetry.links() == {}

@@ -91,6 +91,7 @@ def test_the_wheel_installs_alone_and_serves(wheel, tmp_path):
         env=env,
         cwd=tmp_path,
     )
+    assert serve.stdout is not None
     try:
         for line in serve.stdout:
             if m := READY.search(line):

@@ -69,7 +69,7 @@ def test_the_fast_lane_closes_a_connection_whose_hello_has_a_bad_token(tenants):
     address, made = tenants
     port = MetaClient(address).service_info().fast_lane_port
     for token in bad_tokens(made["a"]):
-        status, body, closed = hello(port, token)
+        status, _body, closed = hello(port, token)
         too_long = len(token) > 4000  # over the HELLO frame's size: refused before it is read
         assert status == (ErrorCode.INVALID_ARGUMENT if too_long else ErrorCode.UNAUTHENTICATED) and closed, token
     status, _, closed = hello(port, made["a"])
@@ -140,7 +140,7 @@ def test_the_cli_finds_the_token_file_serve_made_and_no_token_reaches_a_log(tmp_
         assert any(str(token_file) in line for line in proc.lines)
         token = token_file.read_text().strip()
 
-        def kv(*args: str) -> subprocess.CompletedProcess:
+        def kv(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([sys.executable, "-m", "kvstore", *args, "--meta", address], env=env,
                                   capture_output=True, text=True, timeout=60)  # fmt: skip
 

@@ -49,9 +49,13 @@ frames = st.one_of(
     st.builds(_hello, st.just(fastrpc.PROTOCOL), st.just(__version__), tokens),
     st.builds(_hello, st.integers(0, 2**32 - 1), st.text(max_size=20), tokens),
     st.builds(lambda body: fastrpc.REQUEST.pack(len(body), fastrpc.HELLO) + body, st.binary(max_size=200)),
-    st.builds(lambda n, body: fastrpc.REQUEST.pack(n, fastrpc.HELLO) + body, st.integers(0, 5000), st.binary(max_size=64)),
-    st.builds(lambda m, body: fastrpc.REQUEST.pack(len(body), m) + body, st.integers(1, 2**16 - 1), st.binary(max_size=64)),
-)  # fmt: skip
+    st.builds(
+        lambda n, body: fastrpc.REQUEST.pack(n, fastrpc.HELLO) + body, st.integers(0, 5000), st.binary(max_size=64)
+    ),
+    st.builds(
+        lambda m, body: fastrpc.REQUEST.pack(len(body), m) + body, st.integers(1, 2**16 - 1), st.binary(max_size=64)
+    ),
+)
 
 
 def _answer(port: int, frame: bytes) -> tuple[int | None, bool]:

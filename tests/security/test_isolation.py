@@ -6,6 +6,8 @@ remain (shared capacity and LRU, store-wide NoSpace, load) are listed in docs/se
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvstore.client import KVClient
@@ -18,7 +20,7 @@ def client(address: str, token: str, **settings) -> KVClient:
     return KVClient(address, ClientConfig(token=token, transports=("tcp", "shm"), **settings))
 
 
-def answers(b: KVClient, key: str) -> tuple:
+def answers(b: KVClient, key: str) -> tuple[Any, ...]:
     """Everything b can learn of `key` without writing it."""
     try:
         b.get(key)

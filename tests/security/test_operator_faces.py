@@ -7,7 +7,6 @@ thread past the request timeout, and connections past the cap are answered 503 a
 from __future__ import annotations
 
 import json
-import re
 import select
 import socket
 import time
@@ -19,13 +18,13 @@ import pytest
 
 from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
-from tests.cluster import ADMIN_TOKEN, wait_until
+from tests.cluster import ADMIN_TOKEN, found, wait_until
 
 LOOPBACK = "127.0.0.1"
 
 
 def field(proc, name: str) -> str:
-    return re.search(rf"{name}=(\S+)", proc.ready_line).group(1)
+    return found(rf"{name}=(\S+)", proc.ready_line).group(1)
 
 
 def request(url: str, body: Any = None, token: str | None = None, method: str | None = None) -> tuple[int, Any]:
@@ -66,14 +65,16 @@ def port_of(address: str) -> int:
 
 
 def test_operator_faces_listen_on_loopback_whatever_the_service_host(cluster):
-    proc, meta = cluster.serve("32MiB", "--host", "0.0.0.0", "--admin-port", "0", "--events-port", "0",
-                               "--metrics-port", "0")
+    proc, meta = cluster.serve(
+        "32MiB", "--host", "0.0.0.0", "--admin-port", "0", "--events-port", "0", "--metrics-port", "0"
+    )
     admin, metrics = field(proc, "admin"), field(proc, "metrics")
     assert admin.startswith(f"{LOOPBACK}:") and metrics.startswith(f"{LOOPBACK}:"), proc.ready_line
     status, events = request(f"http://{admin}/events")
     assert status == 200
     assert events["endpoint"].startswith(f"tcp://{LOOPBACK}:") and events["replay_endpoint"].startswith(
-        f"tcp://{LOOPBACK}:"), events
+        f"tcp://{LOOPBACK}:"
+    ), events
     outward = outward_address()
     if outward is None:
         pytest.skip("this host has no address but loopback to try the faces from")
@@ -87,9 +88,20 @@ def test_each_face_has_a_host_setting_of_its_own(cluster, tmp_path):
     (the daemon's metrics_host)."""
     config = tmp_path / "kvstore.toml"
     config.write_text('[daemon]\nmetrics_host = "127.0.0.4"\n')
-    proc, _ = cluster.serve("32MiB", "--config", str(config), "--admin-host", "127.0.0.2", "--admin-port", "0",
-                            "--events-port", "0", "--metrics-port", "0",
-                            env={"KVSTORE_META_EVENTS_HOST": "127.0.0.3"})
+    proc, _ = cluster.serve(
+        "32MiB",
+        "--config",
+        str(config),
+        "--admin-host",
+        "127.0.0.2",
+        "--admin-port",
+        "0",
+        "--events-port",
+        "0",
+        "--metrics-port",
+        "0",
+        env={"KVSTORE_META_EVENTS_HOST": "127.0.0.3"},
+    )
     admin, metrics = field(proc, "admin"), field(proc, "metrics")
     assert admin.startswith("127.0.0.2:") and metrics.startswith("127.0.0.4:"), proc.ready_line
     assert request(f"http://{admin}/events")[1]["endpoint"].startswith("tcp://127.0.0.3:")
@@ -130,8 +142,12 @@ def test_dashboard_routers_take_the_operators_token_only(service):
 
 def registration(listener: socket.socket, instance: str) -> dict[str, Any]:
     """A KV event publisher to register: `listener`'s address, where a dial shows."""
-    return {"endpoint": f"tcp://{LOOPBACK}:{listener.getsockname()[1]}", "instance_id": instance, "modelname": "m",
-            "block_size": 4}
+    return {
+        "endpoint": f"tcp://{LOOPBACK}:{listener.getsockname()[1]}",
+        "instance_id": instance,
+        "modelname": "m",
+        "block_size": 4,
+    }
 
 
 def test_register_dials_nothing_without_the_operators_token(service):
@@ -200,8 +216,13 @@ def test_a_client_that_sends_nothing_or_trickles_holds_no_thread(cluster):
 
 
 def test_connections_past_the_cap_are_answered_503_at_once(cluster):
-    proc, _ = cluster.meta({"KVSTORE_META_ADMIN_PORT": "0", "KVSTORE_META_ADMIN_MAX_CONNECTIONS": "2",
-                            "KVSTORE_META_ADMIN_REQUEST_TIMEOUT_S": "600"})
+    proc, _ = cluster.meta(
+        {
+            "KVSTORE_META_ADMIN_PORT": "0",
+            "KVSTORE_META_ADMIN_MAX_CONNECTIONS": "2",
+            "KVSTORE_META_ADMIN_REQUEST_TIMEOUT_S": "600",
+        }
+    )
     admin = field(proc, "admin")
     held = [socket.create_connection(("127.0.0.1", port_of(admin))) for _ in range(2)]
     try:

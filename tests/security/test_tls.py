@@ -54,9 +54,10 @@ def test_a_plaintext_client_of_a_tls_service_fails_typed(tls_store, pki, config)
 
 @pytest.mark.parametrize("lane", [True, False], ids=["fast-lane", "grpc"])
 def test_the_wrong_ca_fails_typed(tls_store, pki, lane):
-    with pytest.raises(Unavailable), KVClient(
-        tls_store, ClientConfig(tls_ca=pki.other_ca, fast_lane=lane, timeout_s=3)
-    ) as c:
+    with (
+        pytest.raises(Unavailable),
+        KVClient(tls_store, ClientConfig(tls_ca=pki.other_ca, fast_lane=lane, timeout_s=3)) as c,
+    ):
         c.exists_many(["k"])
     _still_serving(tls_store, pki)
 
@@ -76,7 +77,10 @@ def test_a_tls_daemon_the_clients_ca_did_not_sign_is_refused_typed(cluster, pki)
 def test_a_tls_client_of_a_plaintext_service_fails_typed(cluster, pki):
     _, address = cluster.serve("64MiB")
     for lane in (True, False):
-        with pytest.raises(Unavailable), KVClient(address, ClientConfig(tls_ca=pki.ca, fast_lane=lane, timeout_s=3)) as c:
+        with (
+            pytest.raises(Unavailable),
+            KVClient(address, ClientConfig(tls_ca=pki.ca, fast_lane=lane, timeout_s=3)) as c,
+        ):
             c.exists_many(["k"])
     with KVClient(address) as plain:
         plain.put("plain", b"still")
@@ -91,11 +95,12 @@ def test_a_pinned_self_signed_certificate_works(cluster, pki):
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate(cluster, pki):
-    _, address = cluster.serve(
-        "64MiB", "--tls-cert", pki.server_cert, "--tls-key", pki.server_key, "--tls-ca", pki.ca
-    )
+    _, address = cluster.serve("64MiB", "--tls-cert", pki.server_cert, "--tls-key", pki.server_key, "--tls-ca", pki.ca)
     for lane in (True, False):
-        with pytest.raises(Unavailable), KVClient(address, ClientConfig(tls_ca=pki.ca, fast_lane=lane, timeout_s=3)) as c:
+        with (
+            pytest.raises(Unavailable),
+            KVClient(address, ClientConfig(tls_ca=pki.ca, fast_lane=lane, timeout_s=3)) as c,
+        ):
             c.exists_many(["k"])
         mutual = ClientConfig(tls_ca=pki.ca, tls_cert=pki.client_cert, tls_key=pki.client_key, fast_lane=lane)
         with KVClient(address, mutual) as client:

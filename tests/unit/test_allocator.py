@@ -5,9 +5,15 @@ import pytest
 from kvstore.meta.allocator import OffsetAllocator
 
 
+def allocate(a: OffsetAllocator, size: int) -> int:
+    offset = a.allocate(size)
+    assert offset is not None, f"no room for {size} bytes"
+    return offset
+
+
 def test_allocate_free_coalesces_back_to_one_block():
     a = OffsetAllocator(1 << 20, alignment=64)
-    offs = [a.allocate(1000) for _ in range(100)]
+    offs = [allocate(a, 1000) for _ in range(100)]
     assert len(set(offs)) == 100
     a.check_invariants([(o, 1000) for o in offs])
     for o in offs[::2] + offs[1::2]:
@@ -18,7 +24,7 @@ def test_allocate_free_coalesces_back_to_one_block():
 
 def test_full_segment_returns_none_and_recovers():
     a = OffsetAllocator(4096, alignment=64)
-    offs = [a.allocate(64) for _ in range(64)]
+    offs = [allocate(a, 64) for _ in range(64)]
     assert a.allocate(1) is None
     a.free(offs[10], 64)
     assert a.allocate(64) == offs[10]
@@ -26,7 +32,7 @@ def test_full_segment_returns_none_and_recovers():
 
 def test_double_free_is_refused():
     a = OffsetAllocator(4096)
-    o = a.allocate(100)
+    o = allocate(a, 100)
     a.free(o, 100)
     with pytest.raises(ValueError):
         a.free(o, 100)
@@ -42,9 +48,9 @@ def test_random_workload_keeps_invariants():
             a.free(o, live.pop(o))
         else:
             size = rng.choice([1, 63, 64, 4096, 70_000, 1 << 20])
-            o = a.allocate(size)
-            if o is not None:
-                live[o] = size
+            got = a.allocate(size)
+            if got is not None:
+                live[got] = size
         if step % 100 == 0:
             a.check_invariants(live.items())
     a.check_invariants(live.items())

@@ -6,12 +6,19 @@ from kvstore.errors import InvalidArgument
 
 def test_layers_file_then_env_then_flags(tmp_path):
     f = tmp_path / "kv.toml"
-    f.write_text('[meta]\nport = 6000\nlease_ttl_s = 2.5\nhigh_watermark = 0.9\n'
-                 '[daemon]\ndram_size = "2GiB"\ntransports = ["tcp"]\n')
+    f.write_text(
+        "[meta]\nport = 6000\nlease_ttl_s = 2.5\nhigh_watermark = 0.9\n"
+        '[daemon]\ndram_size = "2GiB"\ntransports = ["tcp"]\n'
+    )
     env = {"KVSTORE_META_PORT": "7000", "KVSTORE_META_LOW_WATERMARK": "0.5"}
     meta = load_config(MetaConfig, f, env, lease_ttl_s=9.0, host=None)
-    assert (meta.port, meta.lease_ttl_s, meta.high_watermark, meta.low_watermark, meta.host) == \
-        (7000, 9.0, 0.9, 0.5, "127.0.0.1")
+    assert (meta.port, meta.lease_ttl_s, meta.high_watermark, meta.low_watermark, meta.host) == (
+        7000,
+        9.0,
+        0.9,
+        0.5,
+        "127.0.0.1",
+    )
     daemon = load_config(DaemonConfig, f, {})
     assert daemon.dram_size == 2 << 30 and daemon.transports == ("tcp",)
     assert load_config(ClientConfig, None, {"KVSTORE_CLIENT_TRANSPORTS": "tcp, shm"}).transports == ("tcp", "shm")

@@ -138,7 +138,7 @@ def test_a_second_replica_in_the_same_tier_is_not_a_second_block():
 
 
 def test_a_sink_attached_late_is_told_what_the_store_holds(wired):
-    store, feed, rec = wired
+    store, _feed, _rec = wired
     put(store, KEYS[:3])
     late, rec2 = EventBuffer(), Recorder()
     attach(store, late)
@@ -199,13 +199,23 @@ def test_the_packed_events_are_exactly_msgpack_maps():
         assert (ts, rank, len(decoded)) == (1.25, 0, 3 * n)
     ts, decoded, rank = msgpack.unpackb(wire.encode_batch(1.25, events))
     assert decoded == [
-        {"type": "BlockStored", "parent_block_hash": None, "token_ids": [], "block_size": 128, "lora_id": None,
-         "lora_name": None, "medium": "CPU", "block_hashes": [(1 << 64) - 1], "object_key": "é/x"},
+        {
+            "type": "BlockStored",
+            "parent_block_hash": None,
+            "token_ids": [],
+            "block_size": 128,
+            "lora_id": None,
+            "lora_name": None,
+            "medium": "CPU",
+            "block_hashes": [(1 << 64) - 1],
+            "object_key": "é/x",
+        },
         {"type": "BlockRemoved", "medium": "STORAGE", "block_hashes": [0], "object_key": long_key},
         {"type": "AllBlocksCleared"},
     ]
     assert wire.decode_batch(wire.encode_batch(2.0, events)).events[0] == wire.Stored(
-        [(1 << 64) - 1], None, [], 128, "CPU", None, "é/x")
+        [(1 << 64) - 1], None, [], 128, "CPU", None, "é/x"
+    )
 
 
 def test_kvstore_decodes_what_vllm_sends():
@@ -244,7 +254,6 @@ def test_older_array_events_and_garbage():
             wire.decode_batch(bad)
 
 
-
 def test_a_takeover_opens_a_new_epoch_with_what_the_new_store_holds():
     """ServiceEvents follows the store that answers: on Redis a takeover builds another store."""
     import itertools
@@ -257,7 +266,7 @@ def test_a_takeover_opens_a_new_epoch_with_what_the_new_store_holds():
     clock = FakeClock(start=1_000.0)
     events = ServiceEvents(MetaConfig(events_port=0, host="127.0.0.1"), None, clock)
     assert events.publisher is not None
-    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     received: list[tuple[int, wire.Batch]] = []
 
@@ -267,7 +276,7 @@ def test_a_takeover_opens_a_new_epoch_with_what_the_new_store_holds():
             received.append((wire.seq_of(seq), wire.decode_batch(payload)))
         return received
 
-    def stored(batches) -> set[str]:
+    def stored(batches) -> set[str | None]:
         return {e.object_key for _, b in batches for e in b.events if isinstance(e, wire.Stored)}
 
     old, new = (MetaStore(MetaConfig(), SIGNER, clock) for _ in range(2))

@@ -32,15 +32,15 @@ def test_demotion_keeps_a_tenant_within_its_dram_quota_its_own_oldest_going_firs
     s = make(clock)
     keys, a = tenant(s, "a", quotas={Tier.DRAM: 2 * BLOCK})
     ks = keys(*(f"k{i}" for i in range(16)))
-    put(s, ks)                                                # the GPU is full of a's blocks
+    put(s, ks)  # the GPU is full of a's blocks
     tasks = run_moves(s)
-    assert [t.key for t in tasks] == ks[:2]                   # two fit a's DRAM quota ...
-    assert tiers(s, ks) == ["dram"] * 2 + [None] * 6 + ["gpu"] * 8   # ... the others' GPU copies went
+    assert [t.key for t in tasks] == ks[:2]  # two fit a's DRAM quota ...
+    assert tiers(s, ks) == ["dram"] * 2 + [None] * 6 + ["gpu"] * 8  # ... the others' GPU copies went
     assert usage(s, a, Tier.DRAM) == 2 * BLOCK
-    put(s, keys(*(f"n{i}" for i in range(8))))                # the GPU past its watermark again
+    put(s, keys(*(f"n{i}" for i in range(8))))  # the GPU past its watermark again
     tasks = run_moves(s)
     assert tasks and all(t.kind is MoveKind.DEMOTE for t in tasks)
-    assert usage(s, a, Tier.DRAM) <= 2 * BLOCK and tiers(s, ks[:2]) == [None, None]   # its oldest made room
+    assert usage(s, a, Tier.DRAM) <= 2 * BLOCK and tiers(s, ks[:2]) == [None, None]  # its oldest made room
     assert tiers(s, ks[8:10]) == ["dram", "dram"]
     s.check_invariants()
 
@@ -53,8 +53,8 @@ def test_a_tenant_refused_over_quota_loses_the_gpu_copy_not_its_dram_blocks(cloc
     run_moves(s)
     put(s, keys(*(f"n{i}" for i in range(8))))
     tasks = run_moves(s)
-    assert not tasks                                          # DRAM holds its quota: nothing moves ...
-    assert tiers(s, ks[:2]) == ["dram", "dram"]               # ... its DRAM blocks stay
+    assert not tasks  # DRAM holds its quota: nothing moves ...
+    assert tiers(s, ks[:2]) == ["dram", "dram"]  # ... its DRAM blocks stay
     assert usage(s, a, Tier.DRAM) == 2 * BLOCK and s.stats().evictions > 6
     s.check_invariants()
 
@@ -63,12 +63,12 @@ def test_other_tenants_are_unaffected_by_one_tenants_dram_quota(clock):
     s = make(clock)
     a_keys, _ = tenant(s, "a", quotas={Tier.DRAM: BLOCK})
     b_keys, b = tenant(s, "b")
-    ks = [k for i in range(8) for k in (a_keys(f"k{i}") + b_keys(f"k{i}"))]   # interleaved, a's first
+    ks = [k for i in range(8) for k in (a_keys(f"k{i}") + b_keys(f"k{i}"))]  # interleaved, a's first
     put(s, ks)
     run_moves(s)
     demoted_b = [k for k, t in zip(ks[1::2], tiers(s, ks[1::2])) if t == "dram"]
     assert demoted_b and usage(s, b, Tier.DRAM) == len(demoted_b) * BLOCK
-    assert None not in tiers(s, ks[1::2])                     # b lost nothing
+    assert None not in tiers(s, ks[1::2])  # b lost nothing
     s.check_invariants()
 
 
@@ -89,16 +89,16 @@ def test_promotion_to_the_gpu_respects_the_gpu_quota(clock):
     bs = b_keys(*(f"k{i}" for i in range(12)))
     a0, a1 = a_keys("k0", "k1")
     put(s, bs)
-    put(s, [a0])                                              # a's GPU quota is full ...
-    put(s, [a1])                                              # ... so this one lands in DRAM
-    run_moves(s)                                              # b's five oldest go down to DRAM
+    put(s, [a0])  # a's GPU quota is full ...
+    put(s, [a1])  # ... so this one lands in DRAM
+    run_moves(s)  # b's five oldest go down to DRAM
     assert tiers(s, [a0, a1, bs[0]]) == ["gpu", "dram", "dram"]
-    for key in (a1, bs[0]):                                   # both hot
+    for key in (a1, bs[0]):  # both hot
         s.get([key], client_host=HOST)
         s.get([key], client_host=HOST)
-    clock.advance(6)                                          # the reads' leases are over
+    clock.advance(6)  # the reads' leases are over
     tasks = run_moves(s)
-    assert [(t.kind, t.key) for t in tasks] == [(MoveKind.PROMOTE, bs[0])]   # a1 stays: a's GPU quota
+    assert [(t.kind, t.key) for t in tasks] == [(MoveKind.PROMOTE, bs[0])]  # a1 stays: a's GPU quota
     assert tiers(s, [a1, bs[0]]) == ["dram", "gpu"] and usage(s, a, Tier.GPU) == BLOCK
     s.check_invariants()
 
@@ -108,7 +108,7 @@ def test_demotions_spare_another_tenants_reserved_gpu_bytes(clock):
     r_keys, r = tenant(s, "r", reserved={Tier.GPU: 4 * BLOCK})
     s_keys, _ = tenant(s, "storm")
     mine = r_keys(*(f"k{i}" for i in range(4)))
-    put(s, mine)                                              # r's blocks are the oldest on the GPU
+    put(s, mine)  # r's blocks are the oldest on the GPU
     put(s, s_keys(*(f"k{i}" for i in range(12))))
     tasks = run_moves(s)
     assert tasks and not {t.key for t in tasks} & set(mine)
@@ -119,8 +119,8 @@ def test_demotions_spare_another_tenants_reserved_gpu_bytes(clock):
 def test_one_claims_demotions_to_ssd_stay_within_the_ssd_quota_too(clock):
     s = make(clock, gpu=0, ssd=SSD)
     keys, a = tenant(s, "a", quotas={Tier.SSD: 2 * BLOCK})
-    ks = keys(*(f"k{i}" for i in range(26)))                 # DRAM past its watermark
+    ks = keys(*(f"k{i}" for i in range(26)))  # DRAM past its watermark
     put(s, ks)
-    tasks = run_moves(s)                                      # moves on their way count as landed
+    tasks = run_moves(s)  # moves on their way count as landed
     assert [t.key for t in tasks] == ks[:2] and usage(s, a, Tier.SSD) == 2 * BLOCK
     s.check_invariants()

@@ -28,11 +28,11 @@ def data(size: int, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("size", [1, 4095, _STAGING, _STAGING + 1, 2 * _STAGING + 7, 20 * MIB + 7])
 def test_round_trip_through_device_memory(seg, size):
     src = data(size, size)
-    seg.write_from(4096, memoryview(src))
+    seg.write_from(4096, src.data)
     out = np.zeros_like(src)
-    seg.read_into(4096, memoryview(out))
+    seg.read_into(4096, out.data)
     assert np.array_equal(out, src)
-    assert seg.memory[4096 : 4096 + size].cpu().numpy().tobytes() == src.tobytes()   # really in the segment
+    assert seg.memory[4096 : 4096 + size].cpu().numpy().tobytes() == src.tobytes()  # really in the segment
 
 
 def test_writes_from_read_only_buffers_and_neighbours_intact(seg):
@@ -48,7 +48,7 @@ def test_ranges_outside_the_segment_are_refused(seg):
         seg.read_into(64 * MIB, memoryview(bytearray(1)))
     with pytest.raises(ValueError, match="outside segment"):
         seg.write_from(64 * MIB - 10, memoryview(bytes(11)))
-    assert seg.view(0, 10) is None                       # never a host view: transports stage
+    assert seg.view(0, 10) is None  # never a host view: transports stage
 
 
 def test_copies_between_gpu_and_dram_segments(seg, tmp_path):
@@ -56,12 +56,12 @@ def test_copies_between_gpu_and_dram_segments(seg, tmp_path):
     dram = DramSegment("dram-test", 32 * MIB, str(tmp_path))
     try:
         src = data(9 * MIB + 3, 2)
-        seg.write_from(256, memoryview(src))
+        seg.write_from(256, src.data)
         copy_between(seg, 256, dram, 64, len(src))
         assert dram.view(64, len(src)).tobytes() == src.tobytes()
         copy_between(dram, 64, seg, 16 * MIB, len(src))
         out = np.zeros_like(src)
-        seg.read_into(16 * MIB, memoryview(out))
+        seg.read_into(16 * MIB, out.data)
         assert np.array_equal(out, src)
     finally:
         dram.close()
@@ -76,9 +76,9 @@ def test_concurrent_readers_and_writers_take_turns(seg):
         try:
             src = data(3 * MIB + n, n)
             for _ in range(3):
-                seg.write_from(n * 8 * MIB, memoryview(src))
+                seg.write_from(n * 8 * MIB, src.data)
                 out = np.zeros_like(src)
-                seg.read_into(n * 8 * MIB, memoryview(out))
+                seg.read_into(n * 8 * MIB, out.data)
                 assert np.array_equal(out, src)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

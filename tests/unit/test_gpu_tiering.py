@@ -22,8 +22,16 @@ def clock():
 
 
 def make(clock, gpu=GPU, dram=DRAM, ssd=0, daemon="d1"):
-    cfg = MetaConfig(lease_ttl_s=5, high_watermark=0.75, low_watermark=0.5, ssd_high_watermark=0.9,
-                     ssd_low_watermark=0.8, promote_after_hits=2, pin_cap=0.5, move_timeout_s=10)
+    cfg = MetaConfig(
+        lease_ttl_s=5,
+        high_watermark=0.75,
+        low_watermark=0.5,
+        ssd_high_watermark=0.9,
+        ssd_low_watermark=0.8,
+        promote_after_hits=2,
+        pin_cap=0.5,
+        move_timeout_s=10,
+    )
     s = MetaStore(cfg, SIGNER, clock)
     if gpu:
         s.mount_segment(segment("gpu", daemon, Tier.GPU, gpu))
@@ -56,17 +64,17 @@ def stats(store):
 
 def test_puts_fill_the_gpu_then_its_coldest_blocks_go_to_dram(store):
     keys = [f"k{i}" for i in range(16)]
-    put(store, keys)                                         # 16 x 4 KiB: the GPU is full
+    put(store, keys)  # 16 x 4 KiB: the GPU is full
     assert tiers(store, keys) == ["gpu"] * 16
     tasks = run_moves(store)
     assert tasks and all(t.kind is MoveKind.DEMOTE for t in tasks)
-    assert [t.key for t in tasks] == keys[:len(tasks)]      # least recently used first
+    assert [t.key for t in tasks] == keys[: len(tasks)]  # least recently used first
     assert tiers(store, keys) == ["dram"] * len(tasks) + ["gpu"] * (16 - len(tasks))
     s = stats(store)
     assert s[Tier.GPU].used <= GPU * 0.5 and s[Tier.DRAM].demotions == len(tasks)
     assert store.exists(keys) == [True] * 16 and store.stats().evictions == 0
     put(store, ["new"])
-    assert tiers(store, ["new"]) == ["gpu"]                  # room again for the newest
+    assert tiers(store, ["new"]) == ["gpu"]  # room again for the newest
 
 
 def test_a_hot_dram_block_is_promoted_back_to_the_gpu(store, clock):
@@ -75,8 +83,8 @@ def test_a_hot_dram_block_is_promoted_back_to_the_gpu(store, clock):
     run_moves(store)
     assert tiers(store, ["k0"]) == ["dram"]
     store.get(["k0"], client_host=HOST)
-    store.get(["k0"], client_host=HOST)                     # second hit: queued for the GPU
-    clock.advance(6)                                          # its read lease is over
+    store.get(["k0"], client_host=HOST)  # second hit: queued for the GPU
+    clock.advance(6)  # its read lease is over
     tasks = run_moves(store)
     assert [(t.kind, t.key, t.dst_segment_id) for t in tasks] == [(MoveKind.PROMOTE, "k0", "gpu")]
     assert tiers(store, ["k0"]) == ["gpu"] and stats(store)[Tier.GPU].promotions == 1
@@ -86,7 +94,7 @@ def test_leased_and_pinned_blocks_stay_on_the_gpu(store, clock):
     keys = [f"k{i}" for i in range(16)]
     put(store, keys)
     assert store.pin(["k0"], ttl_s=100)[0].code is ErrorCode.OK
-    store.get(["k1"])                                          # a reader holds k1
+    store.get(["k1"])  # a reader holds k1
     tasks = run_moves(store)
     assert tasks and not {t.key for t in tasks} & {"k0", "k1"}
     assert tiers(store, ["k0", "k1"]) == ["gpu", "gpu"]
@@ -95,7 +103,7 @@ def test_leased_and_pinned_blocks_stay_on_the_gpu(store, clock):
 def test_a_demotion_read_meanwhile_is_abandoned(store):
     put(store, [f"k{i}" for i in range(16)])
     tasks = store.claim_moves("d1", 1 << 30)
-    store.get([tasks[0].key])                                 # a reader now holds a GPU grant
+    store.get([tasks[0].key])  # a reader now holds a GPU grant
     store.complete_moves("d1", [MoveOutcome(t.move_id, True, "") for t in tasks])
     store.check_invariants()
     assert tiers(store, [tasks[0].key, tasks[1].key]) == ["gpu", "dram"]
@@ -104,13 +112,13 @@ def test_a_demotion_read_meanwhile_is_abandoned(store):
 def test_no_room_in_dram_evicts_the_gpu_copy(clock):
     s = make(clock, dram=16 * 1024)
     keys = [f"k{i}" for i in range(16)]
-    put(s, keys)                                              # the GPU is full
-    put(s, ["x0", "x1", "x2"])                                # DRAM at its watermark
+    put(s, keys)  # the GPU is full
+    put(s, ["x0", "x1", "x2"])  # DRAM at its watermark
     assert tiers(s, ["x0"]) == ["dram"]
     run_moves(s)
     s.tick()
     assert stats(s)[Tier.GPU].used <= GPU * 0.5 and s.stats().evictions > 0
-    assert s.stats().keys + s.stats().evictions == 19         # every block is stored or was evicted
+    assert s.stats().keys + s.stats().evictions == 19  # every block is stored or was evicted
     # DRAM took the coldest (k0) while it had room; the next seven were evicted; the newest stayed
     assert tiers(s, keys) == ["dram"] + [None] * 7 + ["gpu"] * 8
     s.check_invariants()
@@ -118,9 +126,9 @@ def test_no_room_in_dram_evicts_the_gpu_copy(clock):
 
 def test_gpu_to_dram_to_ssd_loses_nothing(clock):
     s = make(clock, ssd=SSD)
-    keys = [f"k{i}" for i in range(40)]                       # 160 KiB through 64 KiB GPU + 128 KiB DRAM
+    keys = [f"k{i}" for i in range(40)]  # 160 KiB through 64 KiB GPU + 128 KiB DRAM
     for key in keys:
-        if put(s, [key])[0].code is ErrorCode.NO_SPACE:      # DRAM full: the put waits for demotion
+        if put(s, [key])[0].code is ErrorCode.NO_SPACE:  # DRAM full: the put waits for demotion
             run_moves(s)
             assert put(s, [key])[0].code is ErrorCode.OK
         run_moves(s)

@@ -25,8 +25,9 @@ def clock():
 
 @pytest.fixture
 def store(clock):
-    cfg = MetaConfig(lease_ttl_s=LEASE, put_lease_ttl_s=20, write_grant_ttl_s=WRITE, heartbeat_ttl_s=1000,
-                     suspect_ttl_s=10)
+    cfg = MetaConfig(
+        lease_ttl_s=LEASE, put_lease_ttl_s=20, write_grant_ttl_s=WRITE, heartbeat_ttl_s=1000, suspect_ttl_s=10
+    )
     s = MetaStore(cfg, SIGNER, clock)
     s.mount_segment(segment("s1", "d1", Tier.DRAM, SEG))
     yield s
@@ -38,7 +39,7 @@ def free(store) -> bool:
     [r] = store.put_start(["probe"], [SEG]).results
     if r.code:
         return False
-    store.put_revoke(["probe"])          # LOCAL? no: a tcp grant; the space now waits for it again
+    store.put_revoke(["probe"])  # LOCAL? no: a tcp grant; the space now waits for it again
     return True
 
 
@@ -54,7 +55,7 @@ def test_a_tcp_read_grant_keeps_the_space_after_its_lease_is_handed_back(store, 
     assert not got.grants[0].flags & LOCAL
     store.get([], released=[got.lease_id], client_id="c1")
     store.remove(["a"], client_id="c1")
-    assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.NO_SPACE   # the grant still reads
+    assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.NO_SPACE  # the grant still reads
     assert store.stats().quarantined_bytes == SEG
     clock.advance(LEASE + GRACE_S + 0.1)
     store.tick()
@@ -64,7 +65,7 @@ def test_a_tcp_read_grant_keeps_the_space_after_its_lease_is_handed_back(store, 
 def test_a_shm_read_hands_the_space_back_with_its_lease(store, clock):
     commit(store, ["a"], [stored(store)])
     got = store.get(["a"], client_host=HOST, client_id="c1").results[0]
-    assert got.grants[0].flags & LOCAL                    # no daemon honours it
+    assert got.grants[0].flags & LOCAL  # no daemon honours it
     store.remove(["a"], released=[got.lease_id], client_id="c1")
     assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.OK
 
@@ -90,8 +91,11 @@ def test_a_daemon_checked_replica_without_its_receipt_is_not_committed(store, cl
     """Nothing proves a byte was written: the range may still hold its last owner's bytes."""
     r = stored(store)
     other = SIGNER.sign("s1", r.grants[0].offset, 16, GrantMode.WRITE, r.grants[0].expires_ms)  # a shorter range
-    written = {"none": PutWritten(0, (b"",)), "forged": PutWritten(0, (bytes(16),)),
-               "another grant's": PutWritten(0, (SIGNER.receipt(other),))}[proof]
+    written = {
+        "none": PutWritten(0, (b"",)),
+        "forged": PutWritten(0, (bytes(16),)),
+        "another grant's": PutWritten(0, (SIGNER.receipt(other),)),
+    }[proof]
     [result] = store.put_end(["a"], [1], [written]).results
     assert result.code is ErrorCode.KEY_NOT_FOUND and "receipt" in result.message
     assert store.exists(["a"]) == [False]
@@ -107,7 +111,7 @@ def test_a_daemon_checked_replica_without_its_receipt_is_not_committed(store, cl
 def test_a_writer_trusted_with_unchecked_transports_commits_without_a_receipt_and_its_grant_stays_live(
     store, clock, proof
 ):
-    r = stored(store)
+    stored(store)
     written = {"none": PutWritten(0, (b"",)), "forged": PutWritten(0, (bytes(16),))}[proof]
     assert store.put_end(["a"], [1], [written], unchecked_ok=True).results[0].code is ErrorCode.OK
     store.remove(["a"])
@@ -123,7 +127,7 @@ def test_a_revoked_put_keeps_its_space_until_its_grants_expire_unless_they_were_
     assert store.put_start(["b"], [SEG]).results[0].code is ErrorCode.NO_SPACE
     clock.advance(WRITE + GRACE_S + 0.1)
     store.tick()
-    stored(store, "c", client_host=HOST)                 # a shm writer: LOCAL grants
+    stored(store, "c", client_host=HOST)  # a shm writer: LOCAL grants
     store.put_revoke(["c"])
     assert store.put_start(["d"], [SEG]).results[0].code is ErrorCode.OK
 
@@ -154,12 +158,16 @@ def daemons_of(store, key):
 def test_a_failed_replica_commits_the_others_and_is_copied_again(three, clock):
     [r] = three.put_start(["a"], [SEG], 2).results
     failed, ok = 0, 1
-    reply = three.put_end(["a"], [9], [PutWritten(1 << failed, tuple(
-        SIGNER.receipt(g) if i == ok else b"" for i, g in enumerate(r.grants)))], [r.grants[failed].segment_id])
+    reply = three.put_end(
+        ["a"],
+        [9],
+        [PutWritten(1 << failed, tuple(SIGNER.receipt(g) if i == ok else b"" for i, g in enumerate(r.grants)))],
+        [r.grants[failed].segment_id],
+    )
     assert reply.results[0].code is ErrorCode.OK and reply.replicas == (1,)
     assert three.stats().under_replicated == 1
     bad = r.grants[failed].segment_id.split("-")[0]
-    placed = three.put_start(["x", "y", "z"], [SEG] * 3).results      # the reported daemon gets nothing
+    placed = three.put_start(["x", "y", "z"], [SEG] * 3).results  # the reported daemon gets nothing
     assert bad not in {g.segment_id.split("-")[0] for p in placed for g in p.grants}
     commit(three, ["x", "y", "z"], placed)
     target = next(d for d in ("d1", "d2", "d3") if d not in daemons_of(three, "a") and d != bad)
@@ -182,7 +190,7 @@ def test_a_silent_daemon_leaves_its_keys_under_replicated_and_they_are_copied(th
     for d in ("d1", "d2", "d3"):
         if d != lost:
             three.heartbeat(d, [f"{d}-dram"])
-    clock.advance(3)                               # `lost` silent for 11 s > its 10 s TTL
+    clock.advance(3)  # `lost` silent for 11 s > its 10 s TTL
     three.tick()
     assert three.exists(["a", "b"]) == [True, True]
     short = three.stats().under_replicated

@@ -31,7 +31,7 @@ class CountingLRU(LRUEviction):
     def __init__(self) -> None:
         self.asked = 0
 
-    def victims(self, index, protected, bytes_needed):  # type: ignore[no-untyped-def]
+    def victims(self, index, protected, bytes_needed):
         def counted(key: str) -> bool:
             self.asked += 1
             return protected(key)
@@ -66,7 +66,8 @@ def _lines_listing_all(keys: int, page: int) -> int:
         part = names[start : start + 1000]
         commit(store, part, store.put_start(part, [64] * len(part)).results)
     package = kvstore.meta.__path__[0]
-    lines, cursor, seen = 0, "", []
+    lines, cursor = 0, ""
+    seen: list[str] = []
 
     def trace(frame: FrameType, event: str, arg: Any) -> Any:
         nonlocal lines
@@ -101,8 +102,10 @@ def test_a_page_is_what_a_sort_of_every_key_says(seed):
 
     rng = random.Random(seed)
     orders = KeyOrders()
-    keys = {rng.choice(["", "\x001\x00", "\x002\x00"]) + "".join(rng.choice("ab/x") for _ in range(rng.randint(1, 5)))
-            for _ in range(200)}
+    keys = {
+        rng.choice(["", "\x001\x00", "\x002\x00"]) + "".join(rng.choice("ab/x") for _ in range(rng.randint(1, 5)))
+        for _ in range(200)
+    }
     for key in keys:
         orders.added(key)
     for key in rng.sample(sorted(keys), 30):

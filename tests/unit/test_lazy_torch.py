@@ -22,7 +22,11 @@ def test_host_buffers_never_import_torch(cluster):
             assert out[999] == 999 and c.get("a") == b"x" * 100
         assert "torch" not in sys.modules, "torch was imported"
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"KVSTORE_SECRET": SECRET, "KVSTORE_TOKEN": ADMIN_TOKEN, "PATH": "/usr/bin:/bin",
-                               "PYTHONPATH": "."})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"KVSTORE_SECRET": SECRET, "KVSTORE_TOKEN": ADMIN_TOKEN, "PATH": "/usr/bin:/bin", "PYTHONPATH": "."},
+    )
     assert done.returncode == 0, done.stderr

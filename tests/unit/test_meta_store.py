@@ -5,10 +5,9 @@ import pytest
 from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
-from kvstore.grant import GrantSigner
 from kvstore.meta.state import GRACE_S as REVOKE_GRACE_S
 from kvstore.meta.store import MetaStore
-from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier
+from kvstore.types import GrantMode, Tier
 from tests.meta_helpers import HOST, SIGNER, commit, segment
 
 SEG = 64 * 1024
@@ -68,18 +67,18 @@ def test_bad_keys_and_sizes_are_invalid_argument(store):
     mount(store)
     for keys, sizes in ([[""], [1]], [["x" * 1025], [1]], [["a"], [0]], [["a", "b"], [1]]):
         with pytest.raises(InvalidArgument):
-            store.put_start(keys, sizes).results
+            store.put_start(keys, sizes)
     [r] = store.put_start(["huge"], [SEG + 1]).results
     assert r.code is ErrorCode.INVALID_ARGUMENT and "larger than any segment" in r.message
 
 
 def test_lru_eviction_order(store, clock):
-    mount(store)                       # 64 KiB; watermarks 0.9 / 0.5; 16 blocks of 4 KiB fill it
+    mount(store)  # 64 KiB; watermarks 0.9 / 0.5; 16 blocks of 4 KiB fill it
     keys = [f"k{i}" for i in range(14)]
     for k in keys:
         put(store, [k], size=4096)
-    store.get(["k0"]).results                  # k0 becomes most recently used
-    clock.advance(6)                   # its read lease ends
+    store.get(["k0"])  # k0 becomes most recently used
+    clock.advance(6)  # its read lease ends
     store.tick()
     put(store, ["n0", "n1"], size=4096)  # 16 blocks: past the high watermark
     alive = [k for k in keys if store.exists([k])[0]]
@@ -91,7 +90,7 @@ def test_lru_eviction_order(store, clock):
 def test_read_lease_protects_from_eviction_and_remove(store, clock):
     mount(store)
     put(store, ["old"], size=4096)
-    store.get(["old"]).results                 # lease for 5 s
+    store.get(["old"])  # lease for 5 s
     assert store.remove(["old"])[0].code is ErrorCode.KEY_BUSY
     for i in range(20):
         put(store, [f"f{i}"], size=4096)
@@ -105,54 +104,54 @@ def test_read_lease_protects_from_eviction_and_remove(store, clock):
 
 def test_force_remove_keeps_a_leased_range_until_its_readers_are_done(store, clock):
     mount(store, capacity=4096)
-    put(store, ["a"], size=4096)                 # fills the segment
-    [read] = store.get(["a"]).results[0].grants          # a reader is copying these bytes for 5 s
+    put(store, ["a"], size=4096)  # fills the segment
+    [read] = store.get(["a"]).results[0].grants  # a reader is copying these bytes for 5 s
     assert store.remove(["a"], force=True)[0].code is ErrorCode.OK
     assert store.exists(["a"]) == [False] and store.get(["a"]).results[0].code is ErrorCode.KEY_NOT_FOUND
-    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.NO_SPACE   # never the reader's range
+    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.NO_SPACE  # never the reader's range
     store.check_invariants()
-    clock.advance(5 + REVOKE_GRACE_S + 1)        # the lease, and the grace for late transfers
+    clock.advance(5 + REVOKE_GRACE_S + 1)  # the lease, and the grace for late transfers
     store.tick()
     [b] = store.put_start(["b"], [4096]).results
     assert b.code is ErrorCode.OK and b.grants[0].offset == read.offset
-    store.put_end(["b"], [1], unchecked_ok=True).results
+    store.put_end(["b"], [1], unchecked_ok=True)
 
 
 def test_a_released_lease_no_longer_holds_the_key(store, clock):
     mount(store)
     put(store, ["a"])
     [first] = store.get(["a"]).results
-    [second] = store.get(["a"]).results                  # two readers: two leases
+    [second] = store.get(["a"]).results  # two readers: two leases
     assert first.lease_id != second.lease_id
     assert store.remove(["a"], released=[first.lease_id])[0].code is ErrorCode.KEY_BUSY
     assert store.remove(["a"], released=[second.lease_id, 12345])[0].code is ErrorCode.OK  # unknown ids: ignored
-    store.get(["b"], released=[first.lease_id]).results  # a release that comes twice changes nothing
+    store.get(["b"], released=[first.lease_id])  # a release that comes twice changes nothing
     store.check_invariants()
 
 
 def test_force_removed_space_is_freed_when_its_last_reader_releases(store, clock):
     mount(store, capacity=4096)
     put(store, ["a"], size=4096)
-    leases = [store.get(["a"], client_host=HOST).results[0].lease_id for _ in range(2)]   # shm readers
+    leases = [store.get(["a"], client_host=HOST).results[0].lease_id for _ in range(2)]  # shm readers
     store.remove(["a"], force=True)
-    store.get([], released=leases[:1]).results
-    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.NO_SPACE   # one reader still copying
-    store.get([], released=leases[1:]).results
-    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.OK           # no tick needed
-    store.put_end(["b"], [1], unchecked_ok=True).results
-    store.tick()                                 # the retired record is not freed a second time
+    store.get([], released=leases[:1])
+    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.NO_SPACE  # one reader still copying
+    store.get([], released=leases[1:])
+    assert store.put_start(["b"], [4096]).results[0].code is ErrorCode.OK  # no tick needed
+    store.put_end(["b"], [1], unchecked_ok=True)
+    store.tick()  # the retired record is not freed a second time
     store.check_invariants()
 
 
 def test_unmount_forgets_retired_space(store, clock):
     mount(store)
     put(store, ["a"])
-    store.get(["a"]).results
+    store.get(["a"])
     store.remove(["a"], force=True)
     store.unmount_segment("s1")
     store.check_invariants()
     clock.advance(6)
-    store.tick()                                 # the retired range went with its segment
+    store.tick()  # the retired range went with its segment
     mount(store)
     put(store, ["a"])
 
@@ -169,14 +168,14 @@ def test_nothing_evictable_is_no_space(store):
     mount(store)
     keys = [f"k{i}" for i in range(8)]
     put(store, keys, size=8192)
-    store.get(keys).results                     # all leased
+    store.get(keys)  # all leased
     [r] = store.put_start(["more"], [8192]).results
     assert r.code is ErrorCode.NO_SPACE
 
 
 def test_unfinished_put_is_revoked_and_space_reclaimed(store, clock):
     mount(store)
-    store.put_start(["zombie"], [SEG // 2]).results
+    store.put_start(["zombie"], [SEG // 2])
     used = store.stats().used
     clock.advance(10 + REVOKE_GRACE_S + 0.1)
     store.heartbeat("d1", ["s1"])
@@ -189,9 +188,9 @@ def test_unfinished_put_is_revoked_and_space_reclaimed(store, clock):
 
 def test_stale_pending_put_does_not_block_the_key(store, clock):
     mount(store)
-    store.put_start(["k"], [10]).results
+    store.put_start(["k"], [10])
     clock.advance(10 + REVOKE_GRACE_S + 1)
-    assert store.put_start(["k"], [10]).results[0].code is ErrorCode.OK   # no tick needed
+    assert store.put_start(["k"], [10]).results[0].code is ErrorCode.OK  # no tick needed
 
 
 def test_silent_daemon_loses_its_segments(store, clock):
@@ -205,8 +204,9 @@ def test_silent_daemon_loses_its_segments(store, clock):
         store.tick()
         store.check_invariants()
     assert {d.daemon_id for d in store.stats().daemons} == {"d1"}
-    assert all(len(r.grants) == 1 and r.grants[0].segment_id == "s1"
-               for r in store.get([f"k{i}" for i in range(6)]).results)
+    assert all(
+        len(r.grants) == 1 and r.grants[0].segment_id == "s1" for r in store.get([f"k{i}" for i in range(6)]).results
+    )
     # a restarted daemon is told to mount again
     assert store.heartbeat("d2", ["s2"]) == ["s2"]
 
@@ -219,7 +219,7 @@ def test_replicas_land_on_distinct_daemons(store):
         assert len(r.grants) == 2
         assert {g.segment_id for g in r.grants} & {"s2"}
     [r] = put(store, ["three"], size=512, replicas=3)
-    assert len(r.grants) == 2   # only two daemons: stored degraded, not refused
+    assert len(r.grants) == 2  # only two daemons: stored degraded, not refused
 
 
 def test_unmount_drops_replicas(store):

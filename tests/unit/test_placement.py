@@ -52,8 +52,8 @@ def test_a_full_live_daemon_evicts_rather_than_placing_on_a_suspect_one():
     commit(store, keys, reply.results)
     assert {s for r in reply.results for s in _segments_of(r)} == {"live", "gone"}
     on_gone = next(k for k, r in zip(keys, reply.results) if _segments_of(r) == {"gone"})
-    _reader_fails_on(store, "gone", on_gone)            # a client failed to reach it: suspect
-    clock.advance(5)                                    # old grants expired: their space is usable
+    _reader_fails_on(store, "gone", on_gone)  # a client failed to reach it: suspect
+    clock.advance(5)  # old grants expired: their space is usable
     for i in range(6):
         [r] = store.put_start([f"new/{i}"], [BLOCK]).results
         assert r.code is ErrorCode.OK and _segments_of(r) == {"live"}, (i, r)
@@ -64,7 +64,7 @@ def test_a_full_live_daemon_evicts_rather_than_placing_on_a_suspect_one():
 def test_only_suspects_with_room_still_take_a_put():
     clock = FakeClock()
     store = _store(clock)
-    _reader_fails_on(store, "live")                     # the live one is suspect too: no better place
+    _reader_fails_on(store, "live")  # the live one is suspect too: no better place
     [r] = store.put_start(["k"], [BLOCK]).results
     assert r.code is ErrorCode.OK and _segments_of(r) <= {"live", "gone"}
     store.check_invariants()

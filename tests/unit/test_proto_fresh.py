@@ -1,7 +1,5 @@
 """The committed generated code must match proto/: regenerate with `make proto`."""
 
-from pathlib import Path
-
 from scripts.gen_proto import ROOT, generate
 
 

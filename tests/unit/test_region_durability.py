@@ -5,6 +5,7 @@ as PutStart is. The journal is a real GroupCommit over a write the test holds on
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
@@ -61,7 +62,7 @@ def test_a_reservation_reusing_freed_space_waits_for_the_removal_to_be_written()
     remover.start()
     assert journal.removing.wait(WAIT_S)  # the removal is in memory, its write held
 
-    answered: list = []
+    answered: list[Any] = []
     reserving = journal.waiting["reserver"] = threading.Event()
     done = threading.Event()
 
@@ -89,6 +90,11 @@ def test_a_reservation_reusing_freed_space_waits_for_the_removal_to_be_written()
 def _either(a: threading.Event, b: threading.Event) -> bool:
     """Wait until `a` or `b` is set (both threads set theirs before blocking or returning)."""
     either = threading.Event()
+
+    def wait_then_set(event: threading.Event) -> None:
+        if event.wait(WAIT_S):
+            either.set()
+
     for event in (a, b):
-        threading.Thread(target=lambda e=event: e.wait(WAIT_S) and either.set(), daemon=True).start()
+        threading.Thread(target=wait_then_set, args=(event,), daemon=True).start()
     return either.wait(WAIT_S)

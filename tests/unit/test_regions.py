@@ -29,9 +29,13 @@ def clock():
 
 @pytest.fixture
 def store(clock):
-    s = MetaStore(MetaConfig(write_grant_ttl_s=10, put_lease_ttl_s=30, heartbeat_ttl_s=1000, high_watermark=1.0,
-                             low_watermark=0.9),
-                  SIGNER, clock)
+    s = MetaStore(
+        MetaConfig(
+            write_grant_ttl_s=10, put_lease_ttl_s=30, heartbeat_ttl_s=1000, high_watermark=1.0, low_watermark=0.9
+        ),
+        SIGNER,
+        clock,
+    )
     s.mount_segment(segment("s1", "d1", Tier.DRAM, SEG))
     yield s
     s.check_invariants()
@@ -49,7 +53,7 @@ def test_a_region_is_a_local_write_grant_on_the_writers_host(store):
     r = store.regions.reserve("w1", HOST, 64 << 10)
     assert r.code is ErrorCode.OK and r.segment.segment_id == "s1" and r.alignment == 64
     assert r.grant.mode is GrantMode.WRITE and r.grant.flags & LOCAL and r.grant.length == 64 << 10
-    assert used(store) == 64 << 10                                   # reserved space counts as used
+    assert used(store) == 64 << 10  # reserved space counts as used
     assert store.regions.reserve("w1", "another-host", 4096).code is ErrorCode.UNAVAILABLE
     with pytest.raises(InvalidArgument):
         commit(store, "w1", r.region_id, ["a"], [r.grant.offset], [10], [1, 2])
@@ -59,14 +63,23 @@ def test_a_region_is_a_local_write_grant_on_the_writers_host(store):
 def test_committed_pieces_are_stored_keys_and_never_overlap(store):
     r = store.regions.reserve("w1", HOST, 8192)
     base = r.grant.offset
-    assert [x.code for x in commit(store, "w1", r.region_id, ["a", "b"], [base, base + 128], [100, 50], [7, 8])] \
-        == [ErrorCode.OK, ErrorCode.OK]
+    assert [x.code for x in commit(store, "w1", r.region_id, ["a", "b"], [base, base + 128], [100, 50], [7, 8])] == [
+        ErrorCode.OK,
+        ErrorCode.OK,
+    ]
     store.check_invariants()
     [g] = store.get(["a"]).results
     assert (g.size, g.checksum, g.grants[0].offset) == (100, 7, base)
-    refused = commit(store, "w1", r.region_id, ["c", "d", "e", "f"],
-                               [base + 64, base + 8192, base + 130, base + 128], [64, 10, 10, 10], [1, 1, 1, 1])
-    assert [x.code for x in refused] == [ErrorCode.INVALID_ARGUMENT] * 4   # overlaps a, outside, unaligned, b's
+    refused = commit(
+        store,
+        "w1",
+        r.region_id,
+        ["c", "d", "e", "f"],
+        [base + 64, base + 8192, base + 130, base + 128],
+        [64, 10, 10, 10],
+        [1, 1, 1, 1],
+    )
+    assert [x.code for x in refused] == [ErrorCode.INVALID_ARGUMENT] * 4  # overlaps a, outside, unaligned, b's
     assert store.exists(["c", "d", "e", "f"]) == [False] * 4
     assert commit(store, "w1", r.region_id, ["a"], [base + 256], [10], [1])[0].code is ErrorCode.ALREADY_EXISTS
     # The same commit again (its answer was lost): the key is stored, and stays as it was.
@@ -88,7 +101,7 @@ def test_release_frees_what_was_not_committed(store):
     commit(store, "w1", r.region_id, ["a"], [r.grant.offset + 4096], [1000], [1])
     assert used(store) == 64 << 10
     commit(store, "w1", r.region_id, [], [], [], [], released=[r.region_id])
-    assert used(store) == 1024                                       # a's piece, aligned
+    assert used(store) == 1024  # a's piece, aligned
     store.check_invariants()
     store.remove(["a"])
     assert used(store) == 0
@@ -100,10 +113,10 @@ def test_an_abandoned_region_goes_back_once_its_grant_and_the_grace_are_over(sto
     commit(store, "w1", r.region_id, ["a"], [r.grant.offset], [100], [1])
     clock.advance(10 + GRACE_S / 2)
     store.tick()
-    assert used(store) == 64 << 10                                   # a late commit is still taken ...
+    assert used(store) == 64 << 10  # a late commit is still taken ...
     assert commit(store, "w1", r.region_id, ["b"], [r.grant.offset + 128], [100], [1])[0].code is ErrorCode.OK
     clock.advance(GRACE_S)
-    store.tick()                                                     # ... and then the region is gone
+    store.tick()  # ... and then the region is gone
     assert used(store) == 256 and store.exists(["a", "b"]) == [True, True]
     store.check_invariants()
 
@@ -111,7 +124,7 @@ def test_an_abandoned_region_goes_back_once_its_grant_and_the_grace_are_over(sto
 def test_regions_leave_room_for_puts_and_fail_over_to_them(store):
     regions = [store.regions.reserve("w1", HOST, 256 << 10) for _ in range(4)]
     assert all(r.code is ErrorCode.OK for r in regions)
-    assert store.regions.reserve("w1", HOST, 4096).code is ErrorCode.NO_SPACE   # nothing is evicted for a region
+    assert store.regions.reserve("w1", HOST, 4096).code is ErrorCode.NO_SPACE  # nothing is evicted for a region
     commit(store, "w1", 0, [], [], [], [], released=[r.region_id for r in regions])
     assert used(store) == 0 and store.put_start(["p"], [SEG]).results[0].code is ErrorCode.OK
 

@@ -3,6 +3,8 @@ live grant never makes one put empty the cache. Fake clock, invariants after eac
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvstore.clock import FakeClock
@@ -24,10 +26,8 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def _store(clock: FakeClock, **cfg: float) -> MetaStore:
-    config = MetaConfig(
-        heartbeat_ttl_s=1000, suspect_ttl_s=10, write_grant_ttl_s=1, lease_ttl_s=LEASE, **cfg
-    )
+def _store(clock: FakeClock, **cfg: Any) -> MetaStore:
+    config = MetaConfig(heartbeat_ttl_s=1000, suspect_ttl_s=10, write_grant_ttl_s=1, lease_ttl_s=LEASE, **cfg)
     store = MetaStore(config, SIGNER, clock)
     store.mount_segment(segment("s1", "d1", Tier.DRAM, BLOCKS * BLOCK))
     return store

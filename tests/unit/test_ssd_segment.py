@@ -17,7 +17,7 @@ import pytest
 
 from kvstore.bench.disk import raw_disk_ceiling
 from kvstore.checksum import checksum
-from kvstore.storage import ssd
+from kvstore.results import Block
 from kvstore.storage.ssd import SsdSegment
 from kvstore.storage.ssd_journal import MAGIC, JournalRecord, encode, live_records
 from kvstore.types import Tier
@@ -35,7 +35,7 @@ def pages(n: int) -> int:
 def segment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SsdSegment]:
     seg = SsdSegment.open(tmp_path, 0, CAPACITY, direct=request.param)
     yield seg
-    assert seg.direct == request.param      # the direct cases really went through O_DIRECT
+    assert seg.direct == request.param  # the direct cases really went through O_DIRECT
     seg.close()
 
 
@@ -57,14 +57,14 @@ def test_files_and_attributes(tmp_path: Path) -> None:
     assert (tmp_path / "ssd-3.id").read_text().strip() == seg.segment_id
     assert (tmp_path / "ssd-3.journal").exists()
     assert seg.view(0, 10) is None
-    assert seg.direct        # ext4 under /tmp takes O_DIRECT
+    assert seg.direct  # ext4 under /tmp takes O_DIRECT
     seg.close()
     assert sorted(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_round_trip(segment: SsdSegment, size: int) -> None:
-    offsets = [0, pages(size), CAPACITY - pages(size)]      # adjacent blocks, and the last page
+    offsets = [0, pages(size), CAPACITY - pages(size)]  # adjacent blocks, and the last page
     blobs = [os.urandom(size) for _ in offsets]
     for offset, blob in zip(offsets, blobs):
         segment.write_from(offset, memoryview(blob))
@@ -77,7 +77,7 @@ def test_aligned_source_is_written_as_is(segment: SsdSegment) -> None:
         buf[:] = os.urandom(2 * MiB)
         segment.write_from(8192, memoryview(buf))
         assert read(segment, 8192, 2 * MiB) == buf[:]
-    segment.write_from(0, memoryview(bytearray(b"x" * 8192))[1:4097])    # writable, unaligned
+    segment.write_from(0, memoryview(bytearray(b"x" * 8192))[1:4097])  # writable, unaligned
     assert read(segment, 0, 4096) == b"x" * 4096
 
 
@@ -117,7 +117,7 @@ def test_concurrent_disjoint_writes_and_reads(segment: SsdSegment) -> None:
             assert offset <= (n + 1) * region
             for offset, blob in blocks:
                 assert read(segment, offset, len(blob)) == blob
-        except BaseException as exc:     # pragma: no cover - reported below
+        except BaseException as exc:  # noqa: BLE001  # pragma: no cover - reported below
             failures.append(exc)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
@@ -197,10 +197,11 @@ def test_second_open_of_the_same_segment_is_refused(tmp_path: Path) -> None:
 def test_record_and_recover(tmp_path: Path) -> None:
     seg = SsdSegment.open(tmp_path, 0, CAPACITY)
     blobs = {f"t/m/l/{i:04x}": os.urandom(1000 * i + 1) for i in range(8)}
-    offset, expected = 0, []
+    offset = 0
+    expected: list[Block] = []
     for key, blob in blobs.items():
         seg.write_from(offset, memoryview(blob))
-        expected.append((key, offset, len(blob), checksum(blob)))
+        expected.append(Block(key, offset, len(blob), checksum(blob)))
         offset += pages(len(blob))
     seg.record_many(expected[:5])
     for r in expected[5:]:
@@ -218,7 +219,7 @@ def test_corrupt_block_is_dropped_and_reported(tmp_path: Path, caplog: pytest.Lo
     for i, key in enumerate(["good-1", "bad", "good-2"]):
         put(seg, key, i * 4096 * 4, os.urandom(10_000))
     seg.close(remove=False)
-    with open(tmp_path / "ssd-0.data", "r+b") as f:     # flip one byte of "bad"
+    with open(tmp_path / "ssd-0.data", "r+b") as f:  # flip one byte of "bad"
         f.seek(4096 * 4 + 1234)
         byte = f.read(1)[0]
         f.seek(4096 * 4 + 1234)
@@ -230,7 +231,7 @@ def test_corrupt_block_is_dropped_and_reported(tmp_path: Path, caplog: pytest.Lo
     assert [b.key for b in report.blocks] == ["good-1", "good-2"]
     assert report.dropped == [("bad", "checksum mismatch")]
     assert "'bad'" in caplog.text
-    assert seg.recover().dropped == []       # the journal was compacted to the survivors
+    assert seg.recover().dropped == []  # the journal was compacted to the survivors
     seg.close()
 
 
@@ -245,14 +246,13 @@ def test_block_outside_the_segment_is_dropped(tmp_path: Path) -> None:
 
 def test_later_overlapping_record_supersedes(tmp_path: Path) -> None:
     seg = SsdSegment.open(tmp_path, 0, CAPACITY)
-    put(seg, "old-big", 0, os.urandom(3 * 4096))         # pages 0-2
-    put(seg, "neighbour", 3 * 4096, os.urandom(100))     # page 3
-    put(seg, "new", 4096, os.urandom(5000))              # pages 1-2: reuses old-big's space
+    put(seg, "old-big", 0, os.urandom(3 * 4096))  # pages 0-2
+    put(seg, "neighbour", 3 * 4096, os.urandom(100))  # page 3
+    put(seg, "new", 4096, os.urandom(5000))  # pages 1-2: reuses old-big's space
     put(seg, "moved", 5 * 4096, b"x")
-    put(seg, "moved", 6 * 4096, b"x")                    # same key written again elsewhere
+    put(seg, "moved", 6 * 4096, b"x")  # same key written again elsewhere
     report = seg.recover()
-    assert [(b.key, b.offset) for b in report.blocks] == [
-        ("new", 4096), ("neighbour", 3 * 4096), ("moved", 6 * 4096)]
+    assert [(b.key, b.offset) for b in report.blocks] == [("new", 4096), ("neighbour", 3 * 4096), ("moved", 6 * 4096)]
     assert report.dropped == []
     seg.close()
 
@@ -262,7 +262,7 @@ def test_records_made_during_recovery_are_kept(tmp_path: Path, monkeypatch: pyte
     put(seg, "before", 0, b"one")
     real_read_into = seg.read_into
 
-    def read_into(offset: int, dest: memoryview) -> None:   # a writer journals mid-recovery
+    def read_into(offset: int, dest: memoryview) -> None:  # a writer journals mid-recovery
         real_read_into(offset, dest)
         put(seg, "during", 4096, b"two")
 
@@ -281,11 +281,21 @@ def test_live_records_rules() -> None:
     # one later record spanning several earlier ones removes them all
     earlier = [r(f"k{i}", i * 4096, 4096, i) for i in range(5)]
     assert live_records([*earlier, r("big", 4096, 3 * 4096, 9)], 4096) == [
-        earlier[0], r("big", 4096, 3 * 4096, 9), earlier[4]]
+        earlier[0],
+        r("big", 4096, 3 * 4096, 9),
+        earlier[4],
+    ]
 
 
-@pytest.mark.parametrize("tail", [b"\x07", encode(JournalRecord("torn", 0, 1, 2))[:-3],
-                                  b"\xff" * 40, encode(JournalRecord("x", 0, 1, 2))[:12] + bytes(30)])
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"\x07",
+        encode(JournalRecord("torn", 0, 1, 2))[:-3],
+        b"\xff" * 40,
+        encode(JournalRecord("x", 0, 1, 2))[:12] + bytes(30),
+    ],
+)
 def test_torn_journal_tail_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture, tail: bytes) -> None:
     seg = SsdSegment.open(tmp_path, 0, CAPACITY)
     put(seg, "a", 0, b"first")
@@ -296,7 +306,7 @@ def test_torn_journal_tail_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING):
         seg = SsdSegment.open(tmp_path, 0, CAPACITY)
     assert "torn" in caplog.text
-    put(seg, "b", 4096, b"second")           # lands after the last good record, not the garbage
+    put(seg, "b", 4096, b"second")  # lands after the last good record, not the garbage
     seg.close(remove=False)
 
     seg = SsdSegment.open(tmp_path, 0, CAPACITY)
@@ -323,11 +333,11 @@ def test_einval_on_direct_write_falls_back_to_buffered(tmp_path: Path, monkeypat
     real_pwrite = os.pwrite
 
     def pwrite(fd: int, data: memoryview, offset: int) -> int:
-        if fd == seg._direct_fd:          # internal on purpose: only O_DIRECT writes are made to fail
+        if fd == seg._direct_fd:  # internal on purpose: only O_DIRECT writes are made to fail
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(ssd.os, "pwrite", pwrite)
+    monkeypatch.setattr("kvstore.storage.ssd.os.pwrite", pwrite)
     blob = os.urandom(MiB + 3)
     seg.write_from(0, memoryview(blob))
     assert not seg.direct
@@ -343,7 +353,7 @@ def test_einval_on_direct_open_falls_back_to_buffered(tmp_path: Path, monkeypatc
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(ssd.os, "open", fake_open)
+    monkeypatch.setattr("kvstore.storage.ssd.os.open", fake_open)
     seg = SsdSegment.open(tmp_path, 0, CAPACITY)
     assert not seg.direct
     put(seg, "a", 0, b"hello")

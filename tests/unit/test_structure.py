@@ -30,8 +30,14 @@ LAYERS = [
     ("config/wire", ("kvstore.config", "kvstore.wire")),
     (
         "libraries",
-        ("kvstore.storage", "kvstore.transport", "kvstore.metaclient", "kvstore.events", "kvstore.indexer",
-         "kvstore.admin"),
+        (
+            "kvstore.storage",
+            "kvstore.transport",
+            "kvstore.metaclient",
+            "kvstore.events",
+            "kvstore.indexer",
+            "kvstore.admin",
+        ),
     ),
     ("store", ("kvstore.meta", "kvstore.metrics", "kvstore.dashboard")),
     ("processes", ("kvstore.server", "kvstore.daemon", "kvstore.client")),
@@ -123,7 +129,11 @@ def within(module: str, *packages: str) -> bool:
 
 
 def layer_of(module: str) -> int:
-    if module.startswith("kvstore.") and module.count(".") == 1 and (REPO / (module.replace(".", "/") + ".py")).exists():
+    if (
+        module.startswith("kvstore.")
+        and module.count(".") == 1
+        and (REPO / (module.replace(".", "/") + ".py")).exists()
+    ):
         return 0 if module != "kvstore.__main__" else len(LAYERS) - 2
     best = (-1, -1)
     for i, (_, prefixes) in enumerate(LAYERS):
@@ -180,11 +190,13 @@ def test_no_import_cycles():
     # Lazy edges count: a cycle through a function-level import is still a cycle in the design.
     edges = {m: {i.target for i in imports if i.target in graph and i.target != m} for m, imports in graph.items()}
     assert sum(map(len, edges.values())) > 100, "the import graph came out empty: the check would be vacuous"
-    seen, on_path, cycles = set(), [], []
+    seen: set[str] = set()
+    on_path: list[str] = []
+    cycles: list[list[str]] = []
 
     def visit(node: str) -> None:
         if node in on_path:
-            cycles.append(on_path[on_path.index(node) :] + [node])
+            cycles.append([*on_path[on_path.index(node) :], node])
             return
         if node in seen:
             return

@@ -18,9 +18,7 @@ from tests.meta_helpers import HOST, SIGNER, commit, segment
 
 BLOCK = 64 << 10
 SEG = 8 * BLOCK
-CONFIG = MetaConfig(
-    lease_ttl_s=5, write_grant_ttl_s=10, heartbeat_ttl_s=1000, high_watermark=1.0, low_watermark=0.9
-)
+CONFIG = MetaConfig(lease_ttl_s=5, write_grant_ttl_s=10, heartbeat_ttl_s=1000, high_watermark=1.0, low_watermark=0.9)
 TABLES = ("objects", "segments", "pins", "tenants", "holds")
 
 
@@ -111,7 +109,7 @@ def test_a_region_is_held_whole_and_its_values_stay_theirs():
     old = MetaStore(CONFIG, SIGNER, clock, journal=records.journal())
     old.mount_segment(segment("s1", "d1", Tier.DRAM, SEG))
     region = old.regions.reserve("w1", HOST, 4 * BLOCK)
-    assert region.code == ErrorCode.OK
+    assert region.code == ErrorCode.OK and region.grant is not None
     start = region.grant.offset
     assert old.regions.put_commit("w1", region.region_id, ["v"], [start], [BLOCK], [9])[0].code == ErrorCode.OK
 

@@ -52,7 +52,7 @@ def asked(store: MetaStore) -> list[int]:
     st = store._st
     protected, count = st.protected, [0]
 
-    def counting(now: float):  # type: ignore[no-untyped-def]
+    def counting(now: float):
         inner = protected(now)
 
         def ask(key: str) -> bool:

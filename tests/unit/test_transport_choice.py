@@ -23,7 +23,7 @@ def test_a_local_shm_segment_is_reached_over_shm_whatever_the_order(tmp_path) ->
     dram = DramSegment("seg", 1 << 20, str(tmp_path))
     try:
         transports = Transports(ClientConfig(transports=("tcp", "shm")), SystemClock())
-        assert transports.host == host_id()               # so the service grants LOCAL here
+        assert transports.host == host_id()  # so the service grants LOCAL here
         local = segment(str(dram.path), host_id(), "tcp", "shm")
         assert transports.usable(local) == ("shm",)
         assert transports.for_segment(local).name == "shm"
@@ -36,7 +36,7 @@ def test_a_local_shm_segment_is_reached_over_shm_whatever_the_order(tmp_path) ->
 
 def test_without_shm_the_preference_order_decides(tmp_path) -> None:
     transports = Transports(ClientConfig(transports=("tcp",)), SystemClock())
-    assert transports.host == ""                          # no LOCAL grants for this client
+    assert transports.host == ""  # no LOCAL grants for this client
     local = segment(str(tmp_path / "none"), host_id(), "tcp", "shm")
     assert transports.usable(local) == ("tcp",)
     assert transports.for_segment(local).name == "tcp"
@@ -48,7 +48,9 @@ def test_a_client_preferring_inproc_to_shm_is_served() -> None:
     from kvstore.client import KVClient
     from tests.inprocess import InProcessStore
 
-    with InProcessStore(dram_size=64 << 20) as store, \
-            KVClient(store.address, ClientConfig(transports=("inproc", "shm"))) as client:
+    with (
+        InProcessStore(dram_size=64 << 20) as store,
+        KVClient(store.address, ClientConfig(transports=("inproc", "shm"))) as client,
+    ):
         assert client.put("k", b"v" * 1000) is True
         assert client.get("k") == b"v" * 1000

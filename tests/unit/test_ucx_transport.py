@@ -16,23 +16,33 @@ import pytest
 
 pytest.importorskip("ucxx", reason="the ucx transport needs the ucx extra: pip install 'kvstore[ucx]'")
 
-from kvstore.checksum import checksum  # noqa: E402
-from kvstore.config import ClientConfig  # noqa: E402
-from kvstore.errors import InvalidArgument, PermissionDenied, TransportError  # noqa: E402
-from kvstore.grant import GrantSigner  # noqa: E402
-from kvstore.hostid import host_id  # noqa: E402
-from kvstore.observe import NoTransfers  # noqa: E402
-from kvstore.transport import ucx_wire as ucx  # noqa: E402
-from kvstore.transport.base import Transfer  # noqa: E402
-from kvstore.transport.ucx_client import UcxTransport  # noqa: E402
-from kvstore.transport.ucx_server import UcxServer  # noqa: E402
-from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier  # noqa: E402
-from tests.cluster import wait_until  # noqa: E402
-from tests.transport_harness import CAPACITY, SECRET, Daemon, deadline, get, later_ms, put, round_trips_from_threads  # noqa: E402
+from kvstore.checksum import checksum
+from kvstore.config import ClientConfig
+from kvstore.errors import InvalidArgument, PermissionDenied, TransportError
+from kvstore.grant import GrantSigner
+from kvstore.hostid import host_id
+from kvstore.observe import NoTransfers
+from kvstore.transport import ucx_wire as ucx
+from kvstore.transport.base import Transfer
+from kvstore.transport.ucx_client import UcxTransport
+from kvstore.transport.ucx_server import UcxServer
+from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier
+from tests.cluster import wait_until
+from tests.transport_harness import (
+    CAPACITY,
+    SECRET,
+    BytesSegment,
+    Daemon,
+    deadline,
+    get,
+    later_ms,
+    put,
+    round_trips_from_threads,
+)
 
 
 @pytest.fixture
-def daemon(tmp_path) -> Iterator[Daemon]:
+def daemon(tmp_path) -> Iterator[Daemon[UcxServer]]:
     d = Daemon(str(tmp_path), UcxServer)
     yield d
     d.close()
@@ -47,44 +57,55 @@ def client() -> Iterator[UcxTransport]:
 
 # --- behaviour -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("size", [1, 100, 8193, 65537, 1 << 20, (8 << 20) + 3])
-def test_round_trip_is_byte_identical(daemon: Daemon, client: UcxTransport, size: int) -> None:
+def test_round_trip_is_byte_identical(daemon: Daemon[UcxServer], client: UcxTransport, size: int) -> None:
     data = os.urandom(size)
     put(daemon, client, 12345, data)
     assert bytes(daemon.dram.view(12345, size)) == data
     assert get(daemon, client, 12345, size) == data
 
 
-@pytest.mark.parametrize("count", [1000, 2500])      # 2500: more than one request's MAX_ITEMS
-def test_batch_of_small_blocks(daemon: Daemon, client: UcxTransport, count: int) -> None:
+@pytest.mark.parametrize("count", [1000, 2500])  # 2500: more than one request's MAX_ITEMS
+def test_batch_of_small_blocks(daemon: Daemon[UcxServer], client: UcxTransport, count: int) -> None:
     blocks = [os.urandom(1 + i % 300) for i in range(count)]
     info = daemon.info(daemon.dram)
-    client.write(info, [Transfer(daemon.grant(i * 512, len(b), GrantMode.WRITE), memoryview(b))
-                        for i, b in enumerate(blocks)], deadline())
+    client.write(
+        info,
+        [Transfer(daemon.grant(i * 512, len(b), GrantMode.WRITE), memoryview(b)) for i, b in enumerate(blocks)],
+        deadline(),
+    )
     outs = [bytearray(len(b)) for b in blocks]
-    digests = client.read(info, [Transfer(daemon.grant(i * 512, len(b), GrantMode.READ), memoryview(out))
-                                 for i, (b, out) in enumerate(zip(blocks, outs))], deadline())
+    digests = client.read(
+        info,
+        [
+            Transfer(daemon.grant(i * 512, len(b), GrantMode.READ), memoryview(out))
+            for i, (b, out) in enumerate(zip(blocks, outs))
+        ],
+        deadline(),
+    )
     assert [bytes(o) for o in outs] == blocks
     assert digests == [checksum(b) for b in blocks]
     assert client.connections == 1 and daemon.server.connections == 1
 
 
-def test_eight_threads_share_one_transport(daemon: Daemon, client: UcxTransport) -> None:
+def test_eight_threads_share_one_transport(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
     round_trips_from_threads(daemon, client, rounds=20, size_step=9973)
 
 
-def test_segment_without_view_uses_bounce_buffers(daemon: Daemon, client: UcxTransport) -> None:
+def test_segment_without_view_uses_bounce_buffers(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
+    assert isinstance(daemon.plain, BytesSegment)  # the harness's default segment without view()
     info, data = daemon.info(daemon.plain), os.urandom(300_000)
-    client.write(info, [Transfer(daemon.grant(7, len(data), GrantMode.WRITE, "seg-plain"), memoryview(data))],
-                 deadline())
-    assert bytes(daemon.plain.data[7:7 + len(data)]) == data
+    client.write(
+        info, [Transfer(daemon.grant(7, len(data), GrantMode.WRITE, "seg-plain"), memoryview(data))], deadline()
+    )
+    assert bytes(daemon.plain.data[7 : 7 + len(data)]) == data
     out = bytearray(len(data))
-    client.read(info, [Transfer(daemon.grant(7, len(data), GrantMode.READ, "seg-plain"), memoryview(out))],
-                deadline())
+    client.read(info, [Transfer(daemon.grant(7, len(data), GrantMode.READ, "seg-plain"), memoryview(out))], deadline())
     assert out == data
 
 
-def test_reads_into_typed_buffers(daemon: Daemon, client: UcxTransport) -> None:
+def test_reads_into_typed_buffers(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
     data = os.urandom(4096)
     put(daemon, client, 0, data)
     out = memoryview(bytearray(4096)).cast("I")
@@ -92,7 +113,7 @@ def test_reads_into_typed_buffers(daemon: Daemon, client: UcxTransport) -> None:
     assert out.tobytes() == data
 
 
-def test_close_says_goodbye(daemon: Daemon) -> None:
+def test_close_says_goodbye(daemon: Daemon[UcxServer]) -> None:
     c = UcxTransport()
     put(daemon, c, 0, b"x")
     assert daemon.server.connections == 1
@@ -104,10 +125,12 @@ def test_close_says_goodbye(daemon: Daemon) -> None:
 
 # --- refused grants ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", [GrantMode.READ, GrantMode.WRITE])
 @pytest.mark.parametrize("bad", ["forged", "expired", "out_of_range", "unknown_segment", "wrong_mode"])
-def test_bad_grants_are_refused_and_nothing_moves(daemon: Daemon, client: UcxTransport,
-                                                  mode: GrantMode, bad: str) -> None:
+def test_bad_grants_are_refused_and_nothing_moves(
+    daemon: Daemon[UcxServer], client: UcxTransport, mode: GrantMode, bad: str
+) -> None:
     seeded = os.urandom(8192)
     put(daemon, client, 0, seeded)
     info, good = daemon.info(daemon.dram), daemon.grant(0, 4096, mode)
@@ -117,7 +140,7 @@ def test_bad_grants_are_refused_and_nothing_moves(daemon: Daemon, client: UcxTra
         grant = daemon.grant(0, 4096, mode, expires_ms=later_ms(-1))
     elif bad == "out_of_range":
         grant = daemon.grant(CAPACITY - 100, 4096, mode)
-    elif bad == "wrong_mode":            # a grant for the other direction, relabelled
+    elif bad == "wrong_mode":  # a grant for the other direction, relabelled
         other = daemon.grant(0, 4096, GrantMode.READ if mode is GrantMode.WRITE else GrantMode.WRITE)
         grant = Grant(other.segment_id, other.offset, other.length, mode, other.expires_ms, other.mac)
     else:
@@ -131,11 +154,11 @@ def test_bad_grants_are_refused_and_nothing_moves(daemon: Daemon, client: UcxTra
     with pytest.raises(PermissionDenied):
         (client.write if mode is GrantMode.WRITE else client.read)(info, transfers, deadline())
     assert bytes(daemon.dram.view(0, 8192)) == seeded and not any(out)
-    assert get(daemon, client, 0, 8192) == seeded          # the same connection still serves
+    assert get(daemon, client, 0, 8192) == seeded  # the same connection still serves
     assert client.connections == 1
 
 
-def test_refused_large_write_sends_no_payload(daemon: Daemon, client: UcxTransport) -> None:
+def test_refused_large_write_sends_no_payload(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
     grant = daemon.grant(0, 16 << 20, GrantMode.WRITE, expires_ms=later_ms(-1))
     started = time.monotonic()
     with pytest.raises(PermissionDenied, match="expired"):
@@ -144,12 +167,14 @@ def test_refused_large_write_sends_no_payload(daemon: Daemon, client: UcxTranspo
     assert get(daemon, client, 0, 10) == bytes(10)
 
 
-def test_client_checks_buffers_against_grants(daemon: Daemon, client: UcxTransport) -> None:
+def test_client_checks_buffers_against_grants(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
     info, read_grant = daemon.info(daemon.dram), daemon.grant(0, 10, GrantMode.READ)
-    for transfer in (Transfer(read_grant, memoryview(bytearray(9))),                    # wrong size
-                     Transfer(daemon.grant(0, 10, GrantMode.WRITE), memoryview(bytearray(10))),
-                     Transfer(read_grant, memoryview(bytes(10))),                       # read-only
-                     Transfer(read_grant, memoryview(bytearray(20))[::2])):             # strided
+    for transfer in (
+        Transfer(read_grant, memoryview(bytearray(9))),  # wrong size
+        Transfer(daemon.grant(0, 10, GrantMode.WRITE), memoryview(bytearray(10))),
+        Transfer(read_grant, memoryview(bytes(10))),  # read-only
+        Transfer(read_grant, memoryview(bytearray(20))[::2]),  # strided
+    ):
         with pytest.raises(InvalidArgument):
             client.read(info, [transfer], deadline())
 
@@ -163,8 +188,12 @@ class RawPeer:
         self.worker = ucx.Worker(ClientConfig().ucx_tls)
         self.peer = ucx.Peer(self.worker.connect(worker_address), os.getpid(), True)
         me = host_id().encode()
-        hello = (ucx.HEADER.pack(ucx.MAGIC, ucx.VERSION, ucx.OP_HELLO, 0, 0, 0, 0)
-                 + ucx.HELLO.pack(os.getpid(), len(me), len(self.worker.address)) + me + self.worker.address)
+        hello = (
+            ucx.HEADER.pack(ucx.MAGIC, ucx.VERSION, ucx.OP_HELLO, 0, 0, 0, 0)
+            + ucx.HELLO.pack(os.getpid(), len(me), len(self.worker.address))
+            + me
+            + self.worker.address
+        )
         self.peer.conn_id = self.ask(hello, seq=0)
 
     def ask(self, request: bytes, seq: int) -> int:
@@ -182,7 +211,7 @@ class RawPeer:
         self.worker.settle(1.0)
 
 
-def test_malformed_request_gets_an_error_status(daemon: Daemon, client: UcxTransport) -> None:
+def test_malformed_request_gets_an_error_status(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
     put(daemon, client, 0, b"abc")
     peer = RawPeer(daemon.info(daemon.dram).endpoints[0].address)
     try:
@@ -192,23 +221,27 @@ def test_malformed_request_gets_an_error_status(daemon: Daemon, client: UcxTrans
             peer.ask(bogus, seq=1)
     finally:
         peer.close()
-    assert get(daemon, client, 0, 3) == b"abc"              # and the daemon serves on
+    assert get(daemon, client, 0, 3) == b"abc"  # and the daemon serves on
 
 
 # --- a daemon that stops, dies or hangs ----------------------------------------------------------
 
-def test_stopped_daemon_fails_at_the_deadline(daemon: Daemon, client: UcxTransport) -> None:
+
+def test_stopped_daemon_fails_at_the_deadline(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
     put(daemon, client, 0, b"abc")
-    daemon.server.stop()                     # same process: only the deadline can tell
+    daemon.server.stop()  # same process: only the deadline can tell
     started = time.monotonic()
     with pytest.raises(TransportError, match="deadline"):
-        client.read(daemon.info(daemon.dram), [Transfer(daemon.grant(0, 3, GrantMode.READ),
-                                                        memoryview(bytearray(3)))], time.monotonic() + 0.5)
+        client.read(
+            daemon.info(daemon.dram),
+            [Transfer(daemon.grant(0, 3, GrantMode.READ), memoryview(bytearray(3)))],
+            time.monotonic() + 0.5,
+        )
     assert time.monotonic() - started < 1.5
-    assert client.connections == 0           # dropped: the next call connects afresh
+    assert client.connections == 0  # dropped: the next call connects afresh
 
 
-def test_restarted_daemon_is_reached_with_the_same_client(daemon: Daemon, client: UcxTransport) -> None:
+def test_restarted_daemon_is_reached_with_the_same_client(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
     put(daemon, client, 0, b"before")
     daemon.restart()
     assert get(daemon, client, 0, 6) == b"before"
@@ -241,17 +274,19 @@ CHILD = textwrap.dedent("""
 """).format(capacity=CAPACITY, secret=SECRET)
 
 
-def start_child(shm_dir: str, *flags: str) -> tuple[subprocess.Popen, SegmentInfo]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, shm_dir, *flags], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+def start_child(shm_dir: str, *flags: str) -> tuple[subprocess.Popen[str], SegmentInfo]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, shm_dir, *flags], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None  # stdout=PIPE
     address = proc.stdout.readline().strip()
     assert address, "the child daemon did not start"
     return proc, SegmentInfo("seg-dram", "d1", Tier.DRAM, CAPACITY, (Endpoint("ucx", address),))
 
 
 @pytest.fixture
-def children(tmp_path) -> Iterator[list[subprocess.Popen]]:
-    procs: list[subprocess.Popen] = []
+def children(tmp_path) -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
     yield procs
     for proc in procs:
         if proc.poll() is None:
@@ -280,28 +315,28 @@ def test_killed_daemon_fails_fast_not_at_the_deadline(tmp_path, children, client
     assert not client.can_reach(info)
 
 
-def test_hung_daemon_fails_at_the_deadline_and_writes_nothing_late(tmp_path, children,
-                                                                   client: UcxTransport) -> None:
+def test_hung_daemon_fails_at_the_deadline_and_writes_nothing_late(tmp_path, children, client: UcxTransport) -> None:
     proc, info = start_child(str(tmp_path), "--hang")
     children.append(proc)
     out = memoryview(bytearray(CAPACITY))
     started = time.monotonic()
     with pytest.raises(TransportError, match="deadline"):
-        read_from(info, client, out, 1.0)             # the daemon stops itself mid-payload
+        read_from(info, client, out, 1.0)  # the daemon stops itself mid-payload
     assert time.monotonic() - started < 2.0
     snapshot = out.tobytes()
     stranded = client.stranded_pending()
-    assert stranded > 0                               # receives were under way when the call gave up
+    assert stranded > 0  # receives were under way when the call gave up
     (tmp_path / "b").mkdir()
     other, other_info = start_child(str(tmp_path / "b"))
     children.append(other)
-    os.kill(proc.pid, signal.SIGCONT)                 # it resumes and sends the rest ...
+    os.kill(proc.pid, signal.SIGCONT)  # it resumes and sends the rest ...
 
-    def late_pieces_landed() -> bool:                 # ... while this worker progresses
+    def late_pieces_landed() -> bool:  # ... while this worker progresses
         read_from(other_info, client, memoryview(bytearray(16)), 10)
         return client.stranded_pending() < stranded
+
     wait_until(late_pieces_landed, timeout=20, what="the resumed daemon's late pieces to land in abandoned staging")
-    assert out.tobytes() == snapshot                  # they landed there, not in the caller's buffer
+    assert out.tobytes() == snapshot  # they landed there, not in the caller's buffer
 
 
 KILLED_CLIENT = textwrap.dedent("""
@@ -335,12 +370,12 @@ class WritesStarted(NoTransfers):
                 self.second.set()
 
 
-def test_client_killed_mid_write_leaves_the_daemon_serving(daemon: Daemon, client: UcxTransport) -> None:
+def test_client_killed_mid_write_leaves_the_daemon_serving(daemon: Daemon[UcxServer], client: UcxTransport) -> None:
     address = daemon.info(daemon.dram).endpoints[0].address
     daemon.server.observer = started = WritesStarted()
     writer = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, address], stdout=subprocess.PIPE, text=True)
     try:
-        assert writer.stdout.readline().strip() == "writing"
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
         assert started.second.wait(20), "the writer's writes did not reach the daemon"
     finally:
         writer.kill()

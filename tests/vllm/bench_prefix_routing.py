@@ -18,26 +18,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from kvstore.engines.launch import Fleet
-from tests.cluster import ADMIN_TOKEN, Cluster
+from tests.cluster import ADMIN_TOKEN, Cluster, found
 from tests.vllm.harness import ApiServer, kv_config
 from tests.vllm.test_router_vllm import metric
 from tests.vllm.tiny_model import build_tiny_llama, prompt_ids
 
-MODELS = {"tiny": dict(layers=2, hidden=128, heads=4, kv_heads=2),
-          "small": dict(layers=4, hidden=512, heads=8, kv_heads=4)}
+MODELS = {
+    "tiny": {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2},
+    "small": {"layers": 4, "hidden": 512, "heads": 8, "kv_heads": 4},
+}
 BLOCK = 32
-COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-            "vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total")
+COUNTERS = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:external_prefix_cache_queries_total",
+    "vllm:external_prefix_cache_hits_total",
+)
 
 
 def counters(servers: list[ApiServer]) -> dict[str, float]:
@@ -45,9 +51,9 @@ def counters(servers: list[ApiServer]) -> dict[str, float]:
     return {name: sum(metric(t, name) for t in texts) for name in COUNTERS}
 
 
-def one(router: str, prompt: list[int], max_tokens: int) -> dict:
+def one(router: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
-    last = None
+    last: dict[str, Any] | None = None
     with httpx.stream("POST", f"{router}/v1/completions", json=body, timeout=300) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"{router} answered {resp.status_code}: {resp.read()[:500]!r}")
@@ -55,13 +61,17 @@ def one(router: str, prompt: list[int], max_tokens: int) -> dict:
         for line in "".join(resp.iter_text()).split("\n"):
             if line.startswith("data: {"):
                 last = json.loads(line[6:])
+    assert last is not None, f"{router} streamed no data"
     return last["kvstore"]
 
 
-def phase(router: str, servers: list[ApiServer], seed: int, args: argparse.Namespace) -> dict:
+def phase(router: str, servers: list[ApiServer], seed: int, args: argparse.Namespace) -> dict[str, Any]:
     prefixes = [prompt_ids(args.prefix, seed + g) for g in range(args.groups)]
-    prompts = [prefixes[g] + prompt_ids(args.suffix, seed * 7 + 1000 * g + i)
-               for i in range(args.per_group) for g in range(args.groups)]
+    prompts = [
+        prefixes[g] + prompt_ids(args.suffix, seed * 7 + 1000 * g + i)
+        for i in range(args.per_group)
+        for g in range(args.groups)
+    ]
     before = counters(servers)
     start = time.perf_counter()
     with ThreadPoolExecutor(args.concurrency) as pool:
@@ -71,14 +81,20 @@ def phase(router: str, servers: list[ApiServer], seed: int, args: argparse.Names
     d = {k: after[k] - before[k] for k in COUNTERS}
     ttft = [r["ttft_s"] for r in records]
     queries = d["vllm:prefix_cache_queries_total"]
-    return {"hit_rate": d["vllm:prefix_cache_hits_total"] / queries if queries else 0.0,
-            "reused": (d["vllm:prefix_cache_hits_total"] + d["vllm:external_prefix_cache_hits_total"]) / queries
-            if queries else 0.0,
-            "ttft_median_s": statistics.median(ttft), "ttft_mean_s": statistics.fmean(ttft),
-            "ttft_p90_s": sorted(ttft)[int(0.9 * (len(ttft) - 1))], "wall_s": wall, "requests": len(records),
-            "moved_by_affinity": sum("prefix affinity" in r["reason"] for r in records),
-            "ttft_first_of_group_s": statistics.median(ttft[:args.groups]),   # cold: no one holds the prefix
-            "ttft_repeats_s": statistics.median(ttft[args.groups:])}          # the prefix is cached somewhere
+    return {
+        "hit_rate": d["vllm:prefix_cache_hits_total"] / queries if queries else 0.0,
+        "reused": (d["vllm:prefix_cache_hits_total"] + d["vllm:external_prefix_cache_hits_total"]) / queries
+        if queries
+        else 0.0,
+        "ttft_median_s": statistics.median(ttft),
+        "ttft_mean_s": statistics.fmean(ttft),
+        "ttft_p90_s": sorted(ttft)[int(0.9 * (len(ttft) - 1))],
+        "wall_s": wall,
+        "requests": len(records),
+        "moved_by_affinity": sum("prefix affinity" in r["reason"] for r in records),
+        "ttft_first_of_group_s": statistics.median(ttft[: args.groups]),  # cold: no one holds the prefix
+        "ttft_repeats_s": statistics.median(ttft[args.groups :]),  # the prefix is cached somewhere
+    }
 
 
 def spread(values: list[float]) -> str:
@@ -107,8 +123,7 @@ def main() -> int:
     servers: list[ApiServer] = []
     try:
         proc, meta = cluster.meta({"KVSTORE_META_EVENTS_PORT": "0", "KVSTORE_LOG_LEVEL": "INFO"})
-        endpoint, replay = re.search(r"KV events: epoch \d+ on (\S+) \(replay (\S+)\)",
-                                     "".join(proc.lines)).groups()
+        endpoint, replay = found(r"KV events: epoch \d+ on (\S+) \(replay (\S+)\)", "".join(proc.lines)).groups()
         cluster.daemon(meta, "2GiB")
         kv = None if args.no_connector else kv_config("kv_both", meta)
         servers = [ApiServer(n, model, kv, root, kv_cache_bytes=1 << 30, kv_events=True) for n in ("a", "b")]
@@ -118,29 +133,37 @@ def main() -> int:
         with Fleet() as fleet:
             common = ["--backend", "vllm", "--policy", "colocated", "--log-level", "WARNING"]
             _, plain = fleet.router([], [], urls, None, *common, name="plain")
-            events = common + ["--kv-block-size", str(BLOCK), "--store-events", f"{endpoint},{replay}"]
+            events = [*common, "--kv-block-size", str(BLOCK), "--store-events", f"{endpoint},{replay}"]
             for s in servers:
+                assert s.events is not None  # started with kv_events=True
                 events += ["--kv-events", f"{s.url}={s.events[0]},{s.events[1]}"]
             _, evented = fleet.router([], [], urls, None, *events, name="events")
-            one(plain, prompt_ids(64, 1), 1)              # warm-up: both servers, both routers
+            one(plain, prompt_ids(64, 1), 1)  # warm-up: both servers, both routers
             one(evented, prompt_ids(64, 2), 1)
-            results: dict[str, list[dict]] = {"plain": [], "events": []}
+            results: dict[str, list[dict[str, Any]]] = {"plain": [], "events": []}
             for r in range(args.rounds):
                 order = [("plain", plain), ("events", evented)]
                 for name, router in order if r % 2 == 0 else order[::-1]:
                     res = phase(router, servers, seed=10_000 * (r + 1) + (0 if name == "plain" else 5000), args=args)
                     results[name].append(res)
-                    print(f"round {r} {name:6s}: hit rate {res['hit_rate']:.3f}, reused {res['reused']:.3f}, "
-                          f"TTFT median {res['ttft_median_s'] * 1e3:.1f} ms, mean {res['ttft_mean_s'] * 1e3:.1f} ms, "
-                          f"p90 {res['ttft_p90_s'] * 1e3:.1f} ms, {res['moved_by_affinity']} moved by affinity, "
-                          f"wall {res['wall_s']:.1f} s", flush=True)
-        print(f"\n{args.model} model, {args.groups} groups x {args.per_group} requests, prefix {args.prefix} + "
-              f"suffix {args.suffix} tokens, concurrency {args.concurrency}, "
-              f"{'no connector' if args.no_connector else 'kvstore connector kv_both'}; min / median / max of "
-              f"{args.rounds} rounds")
+                    print(
+                        f"round {r} {name:6s}: hit rate {res['hit_rate']:.3f}, reused {res['reused']:.3f}, "
+                        f"TTFT median {res['ttft_median_s'] * 1e3:.1f} ms, mean {res['ttft_mean_s'] * 1e3:.1f} ms, "
+                        f"p90 {res['ttft_p90_s'] * 1e3:.1f} ms, {res['moved_by_affinity']} moved by affinity, "
+                        f"wall {res['wall_s']:.1f} s",
+                        flush=True,
+                    )
+        print(
+            f"\n{args.model} model, {args.groups} groups x {args.per_group} requests, prefix {args.prefix} + "
+            f"suffix {args.suffix} tokens, concurrency {args.concurrency}, "
+            f"{'no connector' if args.no_connector else 'kvstore connector kv_both'}; min / median / max of "
+            f"{args.rounds} rounds"
+        )
         for key in ("hit_rate", "reused", "ttft_median_s", "ttft_mean_s", "ttft_first_of_group_s", "ttft_repeats_s"):
-            print(f"  {key:21s} plain {spread([x[key] for x in results['plain']])}   "
-                  f"events {spread([x[key] for x in results['events']])}")
+            print(
+                f"  {key:21s} plain {spread([x[key] for x in results['plain']])}   "
+                f"events {spread([x[key] for x in results['events']])}"
+            )
         ratio = [e["ttft_median_s"] / p_["ttft_median_s"] for p_, e in zip(results["plain"], results["events"])]
         print(f"  TTFT median events/plain per round: {spread(ratio)}")
         if args.json:

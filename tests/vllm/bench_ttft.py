@@ -16,15 +16,16 @@ import json
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tests.cluster import Cluster
 from tests.vllm.harness import Instance, kv_config
 from tests.vllm.tiny_model import build_tiny_llama, prompt_ids
 
-MODELS = {   # name: (layers, hidden, heads, kv_heads, intermediate)
-    "tiny": dict(layers=2, hidden=128, heads=4, kv_heads=2),
+MODELS = {  # name: (layers, hidden, heads, kv_heads, intermediate)
+    "tiny": {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2},
     # TinyLlama-1.1B's body (22 -> 16 layers, 32K -> 512 vocab): ~0.8B parameters
-    "1b": dict(layers=16, hidden=2048, heads=32, kv_heads=4),
+    "1b": {"layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 4},
 }
 
 
@@ -43,26 +44,47 @@ def main() -> int:
 
     root = Path(args.dir or tempfile.mkdtemp(prefix="kvstore-bench-"))
     shape = MODELS[args.model]
-    model = str(build_tiny_llama(root / f"llama-{args.model}", max_positions=args.tokens + 512, **shape,
-                                 **({"intermediate": 5632} if args.model == "1b" else {})))
+    model = str(
+        build_tiny_llama(
+            root / f"llama-{args.model}",
+            max_positions=args.tokens + 512,
+            **shape,
+            **({"intermediate": 5632} if args.model == "1b" else {}),
+        )
+    )
     stored = [prompt_ids(args.tokens, 100 + i) for i in range(args.runs)]
     fresh = [prompt_ids(args.tokens, 200 + i) for i in range(args.runs)]
-    settings = {"model": model, "dtype": args.dtype, "block_size": args.block_size,
-                "max_model_len": args.tokens + 256, "max_num_batched_tokens": args.tokens + 256,
-                "kv_cache_bytes": 4 * args.tokens * _kv_bytes_per_token(shape, args.dtype) + (64 << 20)}
+    settings = {
+        "model": model,
+        "dtype": args.dtype,
+        "block_size": args.block_size,
+        "max_model_len": args.tokens + 256,
+        "max_num_batched_tokens": args.tokens + 256,
+        "kv_cache_bytes": 4 * args.tokens * _kv_bytes_per_token(shape, args.dtype) + (64 << 20),
+    }
     env = {"OMP_NUM_THREADS": str(args.threads)}
     cluster = Cluster()
     try:
         _, meta = cluster.meta()
         cluster.daemon(meta, "2GiB")
-        prefill = Instance("prefill", {**settings, "kv_transfer_config": kv_config("kv_producer", meta)},
-                           timeout=900, env=env)
+        prefill = Instance(
+            "prefill", {**settings, "kv_transfer_config": kv_config("kv_producer", meta)}, timeout=900, env=env
+        )
         pre = prefill.generate(stored, 1, timeout=1800)
         prefill.close()
-        decode = Instance("decode", {**settings, "prefix_caching": False, "kv_transfer_config": kv_config(
-            "kv_consumer", meta, load_async=args.load_async == "true", granularity=args.granularity)},
-            timeout=900, env=env)
-        decode.generate([prompt_ids(64, 7)], 1)                      # warm-up
+        decode = Instance(
+            "decode",
+            {
+                **settings,
+                "prefix_caching": False,
+                "kv_transfer_config": kv_config(
+                    "kv_consumer", meta, load_async=args.load_async == "true", granularity=args.granularity
+                ),
+            },
+            timeout=900,
+            env=env,
+        )
+        decode.generate([prompt_ids(64, 7)], 1)  # warm-up
         loaded, recomputed, load_s, load_bytes = [], [], [], 0
         for ids_stored, ids_fresh in zip(stored, fresh):
             before = decode.call(op="stats")["worker"]
@@ -78,12 +100,20 @@ def main() -> int:
         cluster.close()
     med = statistics.median
     result = {
-        "model": args.model, "dtype": args.dtype, "prompt_tokens": args.tokens, "block_size": args.block_size,
-        "load_async": args.load_async, "granularity": args.granularity, "threads": args.threads,
+        "model": args.model,
+        "dtype": args.dtype,
+        "prompt_tokens": args.tokens,
+        "block_size": args.block_size,
+        "load_async": args.load_async,
+        "granularity": args.granularity,
+        "threads": args.threads,
         "prefill_s": [round(s, 3) for s in pre["seconds"]],
-        "ttft_kvstore_s": round(med(loaded), 4), "ttft_recompute_s": round(med(recomputed), 4),
-        "kv_load_s": round(med(load_s), 4), "kv_load_share": round(med(load_s) / med(loaded), 3),
-        "kv_bytes": load_bytes, "load_GBps": round(load_bytes / med(load_s) / 1e9, 2),
+        "ttft_kvstore_s": round(med(loaded), 4),
+        "ttft_recompute_s": round(med(recomputed), 4),
+        "kv_load_s": round(med(load_s), 4),
+        "kv_load_share": round(med(load_s) / med(loaded), 3),
+        "kv_bytes": load_bytes,
+        "load_GBps": round(load_bytes / med(load_s) / 1e9, 2),
         "speedup": round(med(recomputed) / med(loaded), 1),
         "runs": {"kvstore": [round(s, 4) for s in loaded], "recompute": [round(s, 4) for s in recomputed]},
     }
@@ -91,7 +121,7 @@ def main() -> int:
     return 0
 
 
-def _kv_bytes_per_token(shape: dict, dtype: str) -> int:
+def _kv_bytes_per_token(shape: dict[str, Any], dtype: str) -> int:
     head = shape["hidden"] // shape["heads"]
     return shape["layers"] * 2 * shape["kv_heads"] * head * (4 if dtype == "float32" else 2)
 

@@ -5,8 +5,10 @@ import pytest
 from tests.cluster import Cluster
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
-needs_vllm = pytest.mark.skipif(VLLM_MISSING, reason="vLLM is not installed: run scripts/install_vllm.sh "
-                                "(vLLM's CPU build) to run the connector tests")
+needs_vllm = pytest.mark.skipif(
+    VLLM_MISSING,
+    reason="vLLM is not installed: run scripts/install_vllm.sh (vLLM's CPU build) to run the connector tests",
+)
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 
-def build_llm(settings: dict):
+def build_llm(settings: dict[str, Any]):
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -27,46 +28,62 @@ def build_llm(settings: dict):
         # kvstore's connector as tests/vllm/probe.py subclasses it: the same connector, whose live
         # instances connector_stats() can read.
         kv = {**kv, "kv_connector_module_path": "tests.vllm.probe"}
-    return LLM(model=settings["model"], dtype=settings.get("dtype", "float32"),
-               block_size=settings.get("block_size", 32), max_model_len=settings.get("max_model_len", 4096),
-               max_num_batched_tokens=settings.get("max_num_batched_tokens", 4096),
-               distributed_executor_backend="uni", enforce_eager=True, seed=0,
-               kv_cache_memory_bytes=settings.get("kv_cache_bytes", 64 << 20),
-               enable_prefix_caching=settings.get("prefix_caching", True),
-               kv_transfer_config=KVTransferConfig(**kv) if kv else None)
+    return LLM(
+        model=settings["model"],
+        dtype=settings.get("dtype", "float32"),
+        block_size=settings.get("block_size", 32),
+        max_model_len=settings.get("max_model_len", 4096),
+        max_num_batched_tokens=settings.get("max_num_batched_tokens", 4096),
+        distributed_executor_backend="uni",
+        enforce_eager=True,
+        seed=0,
+        kv_cache_memory_bytes=settings.get("kv_cache_bytes", 64 << 20),
+        enable_prefix_caching=settings.get("prefix_caching", True),
+        kv_transfer_config=KVTransferConfig(**kv) if kv else None,
+    )
 
 
-def connector_stats() -> dict:
+def connector_stats() -> dict[str, Any]:
     try:
         from tests.vllm.probe import LIVE
     except ImportError:
         return {}
-    out = {}
+    out: dict[str, Any] = {}
     if "worker" in LIVE:
-        out["worker"] = dict(LIVE["worker"].worker.totals.data)
+        worker = LIVE["worker"].worker
+        assert worker is not None
+        out["worker"] = dict(worker.totals.data)
     if "scheduler" in LIVE:
         sched = LIVE["scheduler"].scheduler
+        assert sched is not None
         out["scheduler"] = dict(sched.stats)
         out["namespace"] = sched.scheme.namespace if sched.scheme else None
         out["parts"] = sched.parts
     return out
 
 
-def generate(llm, cmd: dict) -> dict:
+def generate(llm, cmd: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(max_tokens=cmd.get("max_tokens", 16), temperature=0.0, ignore_eos=True,
-                            extra_args={"kv_transfer_params": cmd["kv_transfer_params"]}
-                            if cmd.get("kv_transfer_params") else None)
+    params = SamplingParams(
+        max_tokens=cmd.get("max_tokens", 16),
+        temperature=0.0,
+        ignore_eos=True,
+        extra_args={"kv_transfer_params": cmd["kv_transfer_params"]} if cmd.get("kv_transfer_params") else None,
+    )
     tokens, seconds, kv_params = [], [], []
-    if cmd.get("batch"):                # in flight together: the scheduler batches them in its steps
+    if cmd.get("batch"):  # in flight together: the scheduler batches them in its steps
         start = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]], params, use_tqdm=False)
         wall = time.perf_counter() - start
-        return {"tokens": [list(o.outputs[0].token_ids) for o in outs], "seconds": [wall] * len(outs),
-                "kv_transfer_params": [o.kv_transfer_params for o in outs], "stats": connector_stats()}
-    for ids in cmd["prompts"]:          # one at a time: each is timed on its own
+        return {
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "seconds": [wall] * len(outs),
+            "kv_transfer_params": [o.kv_transfer_params for o in outs],
+            "stats": connector_stats(),
+        }
+    for ids in cmd["prompts"]:  # one at a time: each is timed on its own
         start = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
         seconds.append(time.perf_counter() - start)

@@ -15,7 +15,7 @@ from tests.vllm.tiny_model import prompt_ids
 pytestmark = [pytest.mark.slow, needs_vllm, pytest.mark.timeout(600)]
 
 BLOCK = 32
-FIRST, SECOND = prompt_ids(300, 21), prompt_ids(260, 22)      # 9 and 8 full blocks
+FIRST, SECOND = prompt_ids(300, 21), prompt_ids(260, 22)  # 9 and 8 full blocks
 MAX_TOKENS = 10
 
 
@@ -29,13 +29,13 @@ def test_a_store_killed_mid_workload_is_counted_and_reported(tiny_model):
         handoff = prefill.generate([FIRST], 1, kv_transfer_params={"do_remote_decode": True})["kv_transfer_params"][0]
         assert handoff["kvstore_blocks"] == 9 and "kvstore_save_error" not in handoff
 
-        serve.kill()                                    # after the prefill stored, before the decode
+        serve.kill()  # after the prefill stored, before the decode
         out = decode.generate([FIRST], MAX_TOKENS, kv_transfer_params=handoff)
         report, sched = out["kv_transfer_params"][0], out["stats"]["scheduler"]
         assert report["kvstore_lookup_failed"] is True
         assert (report["kvstore_loaded_tokens"], report["kvstore_missing_tokens"]) == (0, 9 * BLOCK)
         assert sched["lookup_failures"] == 1 and sched["recomputed_tokens"] == 9 * BLOCK
-        assert out["stats"]["worker"]["load_failures"] == 0             # nothing was loaded, nor tried
+        assert out["stats"]["worker"]["load_failures"] == 0  # nothing was loaded, nor tried
         assert "was promised 9 blocks, kvstore did not answer" in decode.log()
 
         second = prefill.generate([SECOND], 1, kv_transfer_params={"do_remote_decode": True})

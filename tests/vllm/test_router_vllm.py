@@ -9,6 +9,7 @@ import json
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def stream(httpx, url: str, body: dict) -> list[dict]:
+def stream(httpx, url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     events = []
     with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=120) as resp:
         assert resp.status_code == 200, resp.read()
@@ -50,8 +51,21 @@ def test_the_router_fronts_a_vllm_prefill_and_decode_pair(tiny_model, tmp_path):
     try:
         with Fleet() as fleet:
             # Started with the servers still loading: the router waits for them to answer.
-            _, router = fleet.router([prefill.url], [decode.url], [], None, "--backend", "vllm", "--policy", "pd",
-                                     "--wait-for-instances", "300", "--metrics-jsonl", str(jsonl), timeout=330)
+            _, router = fleet.router(
+                [prefill.url],
+                [decode.url],
+                [],
+                None,
+                "--backend",
+                "vllm",
+                "--policy",
+                "pd",
+                "--wait-for-instances",
+                "300",
+                "--metrics-jsonl",
+                str(jsonl),
+                timeout=330,
+            )
             body = {"prompt": prompt_text(250, seed=3), "max_tokens": 12, "temperature": 0, "ignore_eos": True}
             events = stream(httpx, router, body)
             text = "".join(e["choices"][0]["text"] for e in events)
@@ -62,8 +76,11 @@ def test_the_router_fronts_a_vllm_prefill_and_decode_pair(tiny_model, tmp_path):
             assert rec["prompt_tokens"] > 200 and rec["ttft_s"] > 0 and rec["output_tokens"] == 12
 
             # vLLM alone, same prompt and sampling: the prefill instance generating the whole answer.
-            alone = httpx.post(f"{prefill.url}/v1/completions", timeout=120,
-                               json={**body, "model": tiny_model, "return_token_ids": True}).json()["choices"][0]
+            alone = httpx.post(
+                f"{prefill.url}/v1/completions",
+                timeout=120,
+                json={**body, "model": tiny_model, "return_token_ids": True},
+            ).json()["choices"][0]
             assert ids == alone["token_ids"]
             assert text == alone["text"] and text.strip()
 
@@ -74,7 +91,7 @@ def test_the_router_fronts_a_vllm_prefill_and_decode_pair(tiny_model, tmp_path):
             lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
             assert [line["route"] for line in lines] == ["pd"]
             assert rec["kv_save_failed"] is False and rec["kv_missing_tokens"] is None
-            assert rec["cached_tokens"] is None and rec["recompute_tokens"] is None   # not in vLLM's stream
+            assert rec["cached_tokens"] is None and rec["recompute_tokens"] is None  # not in vLLM's stream
 
             _store_killed_mid_workload(httpx, serve, router, prefill, decode, body, tiny_model)
     finally:
@@ -88,7 +105,7 @@ def _store_killed_mid_workload(httpx, serve, router, prefill, decode, body, mode
     bodies = [{**body, "prompt": prompt_text(150 + 20 * i, seed=30 + i)} for i in range(6)]
     first_done = threading.Event()
 
-    def send(i: int) -> list[dict]:
+    def send(i: int) -> list[dict[str, Any]]:
         events = stream(httpx, router, bodies[i])
         first_done.set()
         return events
@@ -100,8 +117,9 @@ def _store_killed_mid_workload(httpx, serve, router, prefill, decode, body, mode
         results = [f.result() for f in in_flight]
     results += [send(i) for i in range(3, 6)]
     for i, events in enumerate(results):
-        alone = httpx.post(f"{prefill.url}/v1/completions", timeout=120,
-                           json={**bodies[i], "model": model, "return_token_ids": True}).json()["choices"][0]
+        alone = httpx.post(
+            f"{prefill.url}/v1/completions", timeout=120, json={**bodies[i], "model": model, "return_token_ids": True}
+        ).json()["choices"][0]
         assert [t for e in events for t in e["choices"][0]["token_ids"]] == alone["token_ids"], i
         assert events[-1]["kvstore"]["error"] is None
     for events in results[3:]:
@@ -113,7 +131,19 @@ def _store_killed_mid_workload(httpx, serve, router, prefill, decode, body, mode
     assert metric(routed, "kvstore_router_fallbacks_total", reason="save_failed") >= 3
     assert metric(routed, "kvstore_router_kv_failures_total", stage="save") >= 3
     # Each vLLM instance counts what failed there (its stats reach /metrics a step later: poll).
-    wait_until(lambda: metric(httpx.get(f"{prefill.url}/metrics", timeout=10).text,
-                              "vllm:kvstore_unsaved_blocks_total") > 0, 60, "prefill's unsaved blocks")
-    wait_until(lambda: sum(metric(httpx.get(f"{decode.url}/metrics", timeout=10).text, f"vllm:kvstore_{name}_total")
-                           for name in ("lookup_failures", "lookups_skipped")) >= 3, 60, "decode's failed lookups")
+    wait_until(
+        lambda: metric(httpx.get(f"{prefill.url}/metrics", timeout=10).text, "vllm:kvstore_unsaved_blocks_total") > 0,
+        60,
+        "prefill's unsaved blocks",
+    )
+    wait_until(
+        lambda: (
+            sum(
+                metric(httpx.get(f"{decode.url}/metrics", timeout=10).text, f"vllm:kvstore_{name}_total")
+                for name in ("lookup_failures", "lookups_skipped")
+            )
+            >= 3
+        ),
+        60,
+        "decode's failed lookups",
+    )

@@ -31,7 +31,8 @@ def sglang():
     if importlib.util.find_spec("sglang") is None and (SGLANG_DIR / "sglang").is_dir():
         sys.path.insert(0, str(SGLANG_DIR))
         spec = importlib.util.find_spec("sglang")
-        pkg = types.ModuleType("sglang")           # the package, without its heavy __init__
+        assert spec is not None and spec.submodule_search_locations is not None
+        pkg = types.ModuleType("sglang")  # the package, without its heavy __init__
         pkg.__path__ = list(spec.submodule_search_locations)
         pkg.__spec__ = spec
         sys.modules["sglang"] = pkg
@@ -64,14 +65,14 @@ class HostPool:
         token = self.layer_num * self.head_num * self.head_dim * item
         v_offset = self.size * token
         ptrs, sizes = [], []
-        for start in indices.tolist()[::self.page_size]:
+        for start in indices.tolist()[:: self.page_size]:
             k = self.kv_buffer.data_ptr() + start * token
             ptrs += [k, k + v_offset]
             sizes += [token * self.page_size] * 2
         return ptrs, sizes
 
     def page(self, start):
-        return self.kv_buffer[:, start:start + self.page_size]
+        return self.kv_buffer[:, start : start + self.page_size]
 
     def get_dummy_flat_data_page(self):
         return torch.zeros(2 * self.page_size * self.layer_num * self.head_num * self.head_dim, dtype=self.dtype)
@@ -84,14 +85,29 @@ class HostPool:
 
 
 def _config(meta, tp_rank=0, v1=True, **extra):
-    fields = dict(tp_rank=tp_rank, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-                  is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-                  model_name="org/tiny-model",
-                  extra_config={"backend_name": "kvstore", "module_path": "kvstore.engines.sglang",
-                                "class_name": "KVStoreHiCacheStorage", "interface_v1": int(v1),
-                                "meta": meta, **extra})
+    fields = {
+        "tp_rank": tp_rank,
+        "tp_size": 2,
+        "pp_rank": 0,
+        "pp_size": 1,
+        "attn_cp_rank": 0,
+        "attn_cp_size": 1,
+        "is_mla_model": False,
+        "enable_storage_metrics": False,
+        "is_page_first_layout": True,
+        "model_name": "org/tiny-model",
+        "extra_config": {
+            "backend_name": "kvstore",
+            "module_path": "kvstore.engines.sglang",
+            "class_name": "KVStoreHiCacheStorage",
+            "interface_v1": int(v1),
+            "meta": meta,
+            **extra,
+        },
+    }
     try:
         from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
         return HiCacheStorageConfig(**fields)
     except ImportError:
         return types.SimpleNamespace(**fields)
@@ -113,8 +129,10 @@ def _backend(sglang, meta, pool, **kw):
 def test_subclasses_sglangs_own_base_when_it_imports(sglang):
     backend_mod, real = sglang
     if real is None:
-        pytest.skip(f"SGLang's wheel is not unpacked at {SGLANG_DIR} (scripts/install_vllm.sh): "
-                    "the other tests ran against the stand-in base")
+        pytest.skip(
+            f"SGLang's wheel is not unpacked at {SGLANG_DIR} (scripts/install_vllm.sh): "
+            "the other tests ran against the stand-in base"
+        )
     assert backend_mod.SGLANG_BASE
     assert issubclass(backend_mod.KVStoreHiCacheStorage, real.HiCacheStorage)
 
@@ -125,7 +143,7 @@ def test_zero_copy_pages_round_trip(sglang, cluster):
     src.kv_buffer.normal_()
     a = _backend(sglang, meta, src)
     assert a.batch_set_v1(["h1", "h2"], torch.arange(0, 32)) == [True, True]
-    assert a.batch_set_v1(["h1"], torch.arange(0, 16)) == [True]          # a stored page is kept
+    assert a.batch_set_v1(["h1"], torch.arange(0, 16)) == [True]  # a stored page is kept
     assert a.batch_exists(["h1", "h2", "h3"]) == 2 and a.exists("h2") and not a.exists("h3")
     b = _backend(sglang, meta, dst)
     assert b.batch_get_v1(["h1", "h2", "h3"], torch.arange(16, 64)) == [True, True, False]
@@ -139,8 +157,9 @@ def test_flat_pages_round_trip(sglang, cluster):
     src = HostPool()
     src.kv_buffer.normal_()
     store = _backend(sglang, meta, src, v1=False)
-    assert store.set("p1", src.get_data_page(0)) and store.batch_set(["p2", "p3"], [src.get_data_page(16),
-                                                                                      src.get_data_page(32)])
+    assert store.set("p1", src.get_data_page(0)) and store.batch_set(
+        ["p2", "p3"], [src.get_data_page(16), src.get_data_page(32)]
+    )
     assert store.batch_exists(["p1", "p2", "p3", "p4"]) == 3
     got = store.batch_get(["p1", "p4", "p3"], [src.get_dummy_flat_data_page() for _ in range(3)])
     assert torch.equal(got[0], src.get_data_page(0)) and got[1] is None and torch.equal(got[2], src.get_data_page(32))
@@ -153,10 +172,12 @@ def test_ranks_dtypes_and_interfaces_never_share_pages(sglang, cluster):
     pool = HostPool()
     store = _backend(sglang, meta, pool)
     assert store.batch_set_v1(["k1", "k2"], torch.arange(0, 32)) == [True, True]
-    others = [_backend(sglang, meta, HostPool(), tp_rank=1),           # another TP shard
-              _backend(sglang, meta, HostPool(dtype=torch.bfloat16)),  # another dtype
-              _backend(sglang, meta, HostPool(page_size=32)),          # another page size
-              _backend(sglang, meta, HostPool(), v1=False)]            # flat objects
+    others = [
+        _backend(sglang, meta, HostPool(), tp_rank=1),  # another TP shard
+        _backend(sglang, meta, HostPool(dtype=torch.bfloat16)),  # another dtype
+        _backend(sglang, meta, HostPool(page_size=32)),  # another page size
+        _backend(sglang, meta, HostPool(), v1=False),  # flat objects
+    ]
     assert [o.batch_exists(["k1", "k2"]) for o in others] == [0, 0, 0, 0]
     for o in [store, *others]:
         o.close()

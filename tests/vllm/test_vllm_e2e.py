@@ -21,18 +21,19 @@ from tests.vllm.tiny_model import prompt_ids
 pytestmark = [pytest.mark.slow, needs_vllm, pytest.mark.timeout(600)]
 
 BLOCK = 32
-P_PD = prompt_ids(300, 1)           # 9 full blocks of 32 below the last token
+P_PD = prompt_ids(300, 1)  # 9 full blocks of 32 below the last token
 P_KILL = prompt_ids(260, 2)
 P_CORRUPT = prompt_ids(200, 3)
-PREFIX = prompt_ids(256, 4)         # 4 blocks of 64
+PREFIX = prompt_ids(256, 4)  # 4 blocks of 64
 Y = PREFIX + prompt_ids(40, 5)
 X = PREFIX + prompt_ids(70, 6)
 MAX_TOKENS = 12
 
 
 def _instance(name, tiny_model, kv=None, **settings):
-    return Instance(name, {"model": tiny_model, "block_size": BLOCK, **settings,
-                           **({"kv_transfer_config": kv} if kv else {})})
+    return Instance(
+        name, {"model": tiny_model, "block_size": BLOCK, **settings, **({"kv_transfer_config": kv} if kv else {})}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -104,20 +105,25 @@ def test_kv_both_reuses_a_shared_prefix_and_block_sizes_never_mix(expected, stor
     """kv_both with block size 64 (whole-block objects, loads before the forward pass): a second
     request sharing a 256-token prefix loads it; blocks stored by the block-32 instance are
     invisible to it, and its blocks to them."""
-    prefill.generate([P_PD], 1)             # stored with block size 32 (also by the PD test)
-    both = _instance("both", tiny_model, kv_config("kv_both", store[0], granularity="block", load_async=False),
-                     block_size=64, prefix_caching=False)
+    prefill.generate([P_PD], 1)  # stored with block size 32 (also by the PD test)
+    both = _instance(
+        "both",
+        tiny_model,
+        kv_config("kv_both", store[0], granularity="block", load_async=False),
+        block_size=64,
+        prefix_caching=False,
+    )
     try:
         other = both.generate([P_PD], 1)
         assert other["stats"]["worker"]["load_blocks"] == 0, "read blocks saved with another block size"
         assert other["stats"]["namespace"] != prefill.call(op="stats")["namespace"]
-        both.generate([X], 1)                                    # stores the prefix (and more)
+        both.generate([X], 1)  # stores the prefix (and more)
         out = both.generate([Y], MAX_TOKENS)
         stats = out["stats"]["worker"]
         assert stats["load_blocks"] == len(PREFIX) // 64 and stats["load_failures"] == 0
         assert out["tokens"][0] == expected["y"]
         before = prefill.call(op="stats")["worker"]["load_blocks"]
-        prefill.generate([Y], 1)                                 # block 32: no block of `both` fits
+        prefill.generate([Y], 1)  # block 32: no block of `both` fits
         assert prefill.call(op="stats")["worker"]["load_blocks"] == before
     finally:
         both.close()

@@ -20,21 +20,34 @@ def _corpus(n_lines: int = 2000, seed: int = WORDS_SEED) -> list[str]:
 
 
 def build_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_corpus(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.save_pretrained(path)
 
 
-def build_tiny_llama(path: Path, *, layers: int = 2, hidden: int = 128, heads: int = 4, kv_heads: int = 2,
-                     intermediate: int | None = None, max_positions: int = 4096, seed: int = 0) -> Path:
+def build_tiny_llama(
+    path: Path,
+    *,
+    layers: int = 2,
+    hidden: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int | None = None,
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Path:
     """Write the model (fp32; by default head size 32, the smallest the CPU attention kernel takes)
     to `path`. Larger shapes make the benchmark's bigger models."""
     import torch
@@ -45,14 +58,23 @@ def build_tiny_llama(path: Path, *, layers: int = 2, hidden: int = 128, heads: i
         return path
     path.mkdir(parents=True, exist_ok=True)
     build_tokenizer(path)
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         max_position_embeddings=max_positions, bos_token_id=1, eos_token_id=2,
-                         tie_word_embeddings=False, torch_dtype="float32")
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    std = min(0.08, 1.0 / hidden ** 0.5)
-    with torch.no_grad():          # larger weights than the default init: sharper, input-dependent logits
+    std = min(0.08, 1.0 / hidden**0.5)
+    with torch.no_grad():  # larger weights than the default init: sharper, input-dependent logits
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, std)

@@ -9,13 +9,13 @@ store = MooncakeDistributedStore()
 
 # 2. Setup with all required parameters
 store.setup(
-    "localhost",           # Your node's address
-    "http://localhost:8080/metadata",    # HTTP metadata server
-    512*1024*1024,          # 512MB segment size
-    128*1024*1024,          # 128MB local buffer
-    "tcp",                             # Use TCP (RDMA for high performance)
-    "",                            # Leave empty; Mooncake auto-picks RDMA devices when needed
-    "localhost:50051"        # Master service
+    "localhost",  # Your node's address
+    "http://localhost:8080/metadata",  # HTTP metadata server
+    512 * 1024 * 1024,  # 512MB segment size
+    128 * 1024 * 1024,  # 128MB local buffer
+    "tcp",  # Use TCP (RDMA for high performance)
+    "",  # Leave empty; Mooncake auto-picks RDMA devices when needed
+    "localhost:50051",  # Master service
 )
 
 # 3. Store data

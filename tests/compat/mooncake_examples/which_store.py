@@ -7,9 +7,11 @@ import sys
 
 def origins():
     import mooncake.store
+
     out = {"store": mooncake.store.__file__, "class": mooncake.store.MooncakeDistributedStore.__module__}
     try:
         import mooncake.engine
+
         out["engine"] = mooncake.engine.__file__
     except ImportError as exc:
         out["engine"] = f"ImportError: {exc}"
@@ -27,7 +29,13 @@ if __name__ == "__main__":
     proc.start()
     spawned = queue.get(timeout=120)
     proc.join()
-    sub = subprocess.run([sys.executable, "-c", "import mooncake.store as s; print(s.__file__)"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    print("ORIGINS " + json.dumps({"main": origins(), "spawned": spawned, "subprocess": sub,
-                                   "argv": sys.argv, "name": __name__}))
+    sub = subprocess.run(
+        [sys.executable, "-c", "import mooncake.store as s; print(s.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(
+        "ORIGINS "
+        + json.dumps({"main": origins(), "spawned": spawned, "subprocess": sub, "argv": sys.argv, "name": __name__})
+    )
