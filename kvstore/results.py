@@ -4,7 +4,7 @@ wire format (kvstore.wire.convert), and returned to its callers (kvstore.metacli
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import NamedTuple
 
@@ -109,7 +109,7 @@ class HeartbeatReply:
 
 
 @dataclass(frozen=True)
-class ServiceInfo:
+class ServiceInfoReply:
     version: str
     fast_lane_port: int  # 0: the service offers no fast lane
     role: str = ""  # "leader", "standby", or "" (in memory: no election)
@@ -193,6 +193,15 @@ class TenantInfo:
     tokens: tuple[tuple[str, float, float], ...] = ()  # (token id, unix time made, expires or 0)
     used: dict[Tier, int] = field(default_factory=dict)  # bytes it holds per tier
     keys: int = 0
+
+    def share(self, count: int) -> TenantInfo:
+        """This tenant with each of `count` shards' share of its quotas and reserves (rounded up:
+        no share is 0)."""
+        return replace(
+            self,
+            quotas={t: -(-n // count) for t, n in self.quotas.items()},
+            reserved={t: -(-n // count) for t, n in self.reserved.items()},
+        )
 
 
 # -- store statistics: built by the metadata service (Stats), returned by the client --------------------

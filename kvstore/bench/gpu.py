@@ -24,6 +24,7 @@ from kvstore.bench.procs import LocalStore
 from kvstore.client import KVClient
 from kvstore.client.staging import HostStaging
 from kvstore.config import ClientConfig
+from kvstore.wire.calls import Get
 
 MIB = 1 << 20
 
@@ -169,7 +170,7 @@ def _gets_from(
 
 
 def _tier_of(client: KVClient, key: str) -> str:
-    reply = client.meta.get([key])
+    reply = client.meta.call(Get([key]))
     return reply.segments[reply.results[0].grants[0].segment_id].tier.value
 
 

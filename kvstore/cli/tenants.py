@@ -24,6 +24,7 @@ from kvstore.config import DEFAULT_META_PORT, META_ENV, ClientConfig, parse_size
 from kvstore.config.flags import ConfigFlags
 from kvstore.results import TenantInfo
 from kvstore.types import Tier
+from kvstore.wire.calls import TenantAdd, TenantList, TenantRevoke, TenantToken
 
 DEFAULT_META = f"127.0.0.1:{DEFAULT_META_PORT}"
 
@@ -89,16 +90,16 @@ def cmd_tenant(args: argparse.Namespace) -> int:
     address = args.meta or os.environ.get(META_ENV) or DEFAULT_META
     with client_for(MetaClient(address, cfg.timeout_s, cfg.fast_lane, cfg.token or None, tls)) as meta:
         if args.action == "add":
-            info = meta.tenant_add(_spec(args), args.update)
+            info = meta.call(TenantAdd(_spec(args), args.update))
             print(f"tenant {info.name} (id {info.id}) {'updated' if args.update else 'added'}: {_settings(info)}")
         elif args.action == "token":
-            token_id, token = meta.tenant_token(args.name, args.ttl)
+            token_id, token = meta.call(TenantToken(args.name, args.ttl))
             print(token)
             print(f"(token id {token_id}; shown once, kept only as a hash: give it as $KVSTORE_TOKEN)", flush=True)
         elif args.action == "revoke":
-            print(f"revoked {meta.tenant_revoke(args.name, args.token_id)} token(s) of {args.name}")
+            print(f"revoked {meta.call(TenantRevoke(args.name, args.token_id))} token(s) of {args.name}")
         else:
-            _show(meta.tenant_list(), args.json)
+            _show(meta.call(TenantList()), args.json)
     return Exit.OK
 
 

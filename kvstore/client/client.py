@@ -29,6 +29,7 @@ from kvstore.results import KeyInfo, KeyListing, StoreStats
 from kvstore.tls import TlsFiles
 from kvstore.transport.base import Transport
 from kvstore.types import validate_keys
+from kvstore.wire.calls import Describe, Exists, ListKeys, MatchPrefix, Pin, Remove, Stats, Unpin
 
 if TYPE_CHECKING:
     from kvstore.metrics.client import ClientMetrics
@@ -83,7 +84,7 @@ class KVClient:
         released = self._reader.take_released()
         if released:  # a Remove of no keys ends them: blocks this client read become removable at once
             try:
-                self._meta.remove([], False, released, self._reader.client_id)
+                self._meta.call(Remove([], False, released, self._reader.client_id))
             except KVStoreError:
                 pass  # they run out on their own within the lease
         if self._region_pool is not None:
@@ -124,12 +125,12 @@ class KVClient:
 
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
         self._check(keys)
-        return self._meta.exists(keys)
+        return self._meta.call(Exists(keys))
 
     def match_prefix(self, keys: Sequence[str]) -> int:
         """How many leading keys are stored: the cached prefix of a chain of block keys."""
         self._check(keys)
-        return self._meta.match_prefix(keys)
+        return self._meta.call(MatchPrefix(keys))
 
     def remove(self, key: str, force: bool = False) -> None:
         """Delete a key; KeyNotFound if absent, KeyBusy if being written, or being read (a read
@@ -141,12 +142,12 @@ class KVClient:
     def remove_many(self, keys: Sequence[str], force: bool = False) -> list[KVStoreError | None]:
         self._check(keys)
         self._reader.forget(keys)
-        results = self._meta.remove(keys, force, self._reader.take_released(), self._reader.client_id)
+        results = self._meta.call(Remove(keys, force, self._reader.take_released(), self._reader.client_id))
         return [r.error() for r in results]
 
     def stats(self) -> StoreStats:
         self._check([])
-        return self._meta.stats()
+        return self._meta.call(Stats())
 
     def links(self) -> list[LinkStats]:
         """The link monitor's figures: per (this host -> daemon, transport), the EWMA bandwidth
@@ -200,11 +201,11 @@ class KVClient:
         """Keep stored keys from eviction and tier moves for ttl_s (e.g. a shared system prompt).
         Per key: None, KeyNotFound, or NoSpace when the tier's pin cap is reached."""
         self._check(keys)
-        return [r.error() for r in self._meta.pin(keys, ttl_s)]
+        return [r.error() for r in self._meta.call(Pin(keys, ttl_s))]
 
     def unpin(self, keys: Sequence[str]) -> list[KVStoreError | None]:
         self._check(keys)
-        return [r.error() for r in self._meta.unpin(keys)]
+        return [r.error() for r in self._meta.call(Unpin(keys))]
 
     # -- get -------------------------------------------------------------------------------------
 
@@ -267,7 +268,7 @@ class KVClient:
         """One page (`limit`, default 1000) of the stored keys starting with `prefix`, in byte
         order, after `cursor`; pass the page's `next_cursor` for the next ("" after the last)."""
         self._check([])
-        return self._meta.list_keys(prefix, limit, cursor)
+        return self._meta.call(ListKeys(prefix, limit, cursor))
 
     def iter_keys(self, prefix: str = "", page: int = 0) -> Iterator[str]:
         """Every stored key starting with `prefix`, page by page (keys stored meanwhile may or
@@ -284,7 +285,7 @@ class KVClient:
         """Per key: state (absent, pending, complete), size, replicas with their daemon and tier,
         and how much longer a read lease or a pin holds it. Takes no lease."""
         self._check(keys)
-        return self._meta.describe(keys)
+        return self._meta.call(Describe(keys))
 
 
 def _client_metrics(config: ClientConfig, clock: Clock) -> ClientMetrics | None:

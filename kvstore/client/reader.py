@@ -31,6 +31,7 @@ from kvstore.metaclient.sharded import ShardedMetaClient
 from kvstore.results import GetResult
 from kvstore.transport.base import Transfer
 from kvstore.types import Grant, SegmentInfo
+from kvstore.wire.calls import Get
 
 log = logging.getLogger(__name__)
 FLUSH_S = 1.0
@@ -86,7 +87,7 @@ class Reader:
     def _fetch(self, keys: Sequence[str]) -> list[Located]:
         released, failed, touched = self.take_released(), self._take_failed(), self._take_touched()
         try:
-            reply = self._meta.get(keys, released, self._transports.host, self.client_id, failed, touched)
+            reply = self._meta.call(Get(keys, released, self._transports.host, self.client_id, failed, touched))
         except KVStoreError:  # the next call carries them (a lease ended twice is refused quietly)
             with self._lock:
                 self._failed.update(failed)

@@ -20,6 +20,7 @@ from kvstore.errors import ErrorCode, KVStoreError
 from kvstore.grant import local_piece
 from kvstore.metaclient.client import MetaClient
 from kvstore.types import Grant, SegmentInfo
+from kvstore.wire.calls import PutCommit, Reserve
 
 REGION_MIN = 256 << 10
 EXPIRY_MARGIN_S = 1.0  # no piece is cut from a region this close to its grant's expiry
@@ -92,7 +93,7 @@ class RegionPool:
             self._retire(self._current)
             self._current = None
         try:
-            reply = self.meta.reserve(self.client_id, self.host, size)
+            reply = self.meta.call(Reserve(self.client_id, self.host, size))
         except KVStoreError as exc:  # e.g. an older service without regions, or none answering now
             self._paused_until = now + PAUSE_S.get(exc.code, PAUSE_DEFAULT_S)
             return None
@@ -130,7 +131,7 @@ class RegionPool:
             ids, self._release = self._release, []
         if ids:
             try:
-                self.meta.put_commit(self.client_id, 0, [], [], [], [], ids)  # a commit of nothing releases them
+                self.meta.call(PutCommit(self.client_id, 0, [], [], [], [], ids))  # a commit of nothing releases them
             except KVStoreError:
                 pass  # they go back when their grants run out
 

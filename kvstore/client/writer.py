@@ -26,6 +26,7 @@ from kvstore.metaclient.sharded import ShardedMetaClient
 from kvstore.results import PutStartResult, PutWritten
 from kvstore.transport.base import Transfer
 from kvstore.types import Grant, SegmentInfo
+from kvstore.wire.calls import PutCommit, PutEnd, PutRevoke, PutStart
 
 log = logging.getLogger(__name__)
 COMMIT_KEYS = 1024
@@ -112,14 +113,16 @@ class Writer:
                     left += idxs
                     continue
                 sums = done.checksums or [checksum(views[i]) for i in idxs]
-                results = self._regions.meta.put_commit(
-                    self._regions.client_id,
-                    region.region_id,
-                    [keys[i] for i in idxs],
-                    [pieces[i].grant.offset for i in idxs],
-                    [len(views[i]) for i in idxs],
-                    sums,
-                    self._regions.take_released(),
+                results = self._regions.meta.call(
+                    PutCommit(
+                        self._regions.client_id,
+                        region.region_id,
+                        [keys[i] for i in idxs],
+                        [pieces[i].grant.offset for i in idxs],
+                        [len(views[i]) for i in idxs],
+                        sums,
+                        self._regions.take_released(),
+                    )
                 )
                 for i, result in zip(idxs, results, strict=True):
                     if result.code is ErrorCode.OK:
@@ -157,7 +160,7 @@ class Writer:
         for i, key in pending.items():
             (ended if len(key.errors) < len(key.grants) else lost).append(i)
         if lost:
-            self._meta.put_revoke([keys[i] for i in lost], sorted(failed_segments))
+            self._meta.call(PutRevoke([keys[i] for i in lost], sorted(failed_segments)))
             for i in lost:
                 errors[i] = pending[i].errors[min(pending[i].errors)]
         if ended:
@@ -219,7 +222,7 @@ class Writer:
             sums.append(key.checksum if key.checksum is not None else checksum(views[i]))
             mask = sum(1 << r for r in key.errors)
             done.append(PutWritten(mask, tuple(key.receipts.get(r, b"") for r in range(len(key.grants)))))
-        reply = self._meta.put_end([keys[i] for i in ended], sums, done, failed_segments)
+        reply = self._meta.call(PutEnd([keys[i] for i in ended], sums, done, failed_segments))
         for n, (i, result) in enumerate(zip(ended, reply.results, strict=True)):
             err = result.error()
             if err is not None:
@@ -250,8 +253,8 @@ class Writer:
         ask = list(todo)
         while ask:
             try:
-                reply = self._meta.put_start(
-                    [keys[i] for i in ask], [len(views[i]) for i in ask], replica_num, self._transports.host
+                reply = self._meta.call(
+                    PutStart([keys[i] for i in ask], [len(views[i]) for i in ask], replica_num, self._transports.host)
                 )
             except Unavailable as exc:
                 if exc.retry_after_ms and time.monotonic() + exc.retry_after_ms / 1000 <= deadline:
@@ -260,7 +263,7 @@ class Writer:
                 # The answer was lost: space may have been reserved. Revoke it (best effort; a put
                 # never ended is revoked after its lease anyway) rather than ask twice.
                 try:
-                    self._meta.put_revoke([keys[i] for i in ask])
+                    self._meta.call(PutRevoke([keys[i] for i in ask]))
                 except KVStoreError:
                     pass
                 raise

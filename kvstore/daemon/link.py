@@ -16,6 +16,7 @@ from kvstore.metaclient.client import MetaClient
 from kvstore.results import Block
 from kvstore.storage.base import Persistent, SegmentStorage
 from kvstore.types import SegmentInfo
+from kvstore.wire.calls import AnnounceBlocks, Heartbeat, MountSegment, UnmountSegment
 
 log = logging.getLogger(__name__)
 _ANNOUNCE_BATCH = 1000
@@ -70,17 +71,17 @@ class ShardLink:
             self._heartbeat.join(timeout=5)
         for segment_id in self.segments:
             try:
-                self.meta.unmount_segment(segment_id, timeout_s=2)
+                self.meta.call(UnmountSegment(segment_id), timeout_s=2)
             except KVStoreError as exc:
                 log.warning("could not unmount %s: %s", segment_id, exc)
 
     def _announce(self, segment_id: str, blocks: list[Block]) -> None:
         for start in range(0, len(blocks), _ANNOUNCE_BATCH):
-            self.meta.announce_blocks(segment_id, blocks[start : start + _ANNOUNCE_BATCH])
+            self.meta.call(AnnounceBlocks(segment_id, blocks[start : start + _ANNOUNCE_BATCH]))
 
     def _mount(self, seg: SegmentStorage, deadline: float) -> None:
         try:
-            self.meta.mount_segment(self._info(seg), retry_s=max(0.0, deadline - time.monotonic()))
+            self.meta.call(MountSegment(self._info(seg)), retry_s=max(0.0, deadline - time.monotonic()))
         except Unavailable as exc:
             raise Unavailable(f"mounting segment {seg.segment_id} at {self.meta.address}: {exc}") from exc
 
@@ -88,7 +89,7 @@ class ShardLink:
         interval = self._interval_s
         while not self._stop.wait(interval):
             try:
-                reply = self.meta.heartbeat(self._daemon_id, list(self.segments), timeout_s=max(1.0, interval))
+                reply = self.meta.call(Heartbeat(self._daemon_id, list(self.segments)), timeout_s=max(1.0, interval))
                 for segment_id in reply.unknown_segment_ids:
                     # The service restarted or gave us up for dead: offer the segment afresh, and
                     # what a persistent segment still holds.

@@ -24,6 +24,7 @@ from kvstore.storage.base import Persistent, SegmentStorage, copy_between
 from kvstore.transport import registry
 from kvstore.transport.base import Transfer, Transport
 from kvstore.types import MoveKind, MoveTask, SegmentInfo
+from kvstore.wire.calls import ClaimMoves, CompleteMoves
 
 log = logging.getLogger(__name__)
 _FETCH_TIMEOUT_S = 10.0
@@ -62,7 +63,8 @@ class TierMover:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         try:
-            self._run(self._meta.claim_moves(self._daemon_id, 0, timeout_s=_FLUSH_TIMEOUT_S), _FLUSH_TIMEOUT_S)
+            tasks = self._meta.call(ClaimMoves(self._daemon_id, 0), timeout_s=_FLUSH_TIMEOUT_S)
+            self._run(tasks, _FLUSH_TIMEOUT_S)
         except KVStoreError as exc:
             log.warning("deletions for the SSD journal not taken at stop: %s", exc)
         for transport in self._transports.values():
@@ -80,7 +82,7 @@ class TierMover:
 
     def run_once(self) -> bool:
         """Claim, copy and report one batch; True if there was work."""
-        tasks = self._meta.claim_moves(self._daemon_id, self._batch_bytes)
+        tasks = self._meta.call(ClaimMoves(self._daemon_id, self._batch_bytes))
         if not tasks:
             return False
         self._run(tasks)
@@ -96,7 +98,7 @@ class TierMover:
             self._journal([t for t, (ok, _) in zip(moves, results) if ok])
             outcomes += [MoveOutcome(t.move_id, ok, err) for t, (ok, err) in zip(moves, results)]
             if outcomes:
-                self._meta.complete_moves(self._daemon_id, outcomes, timeout_s=timeout_s)
+                self._meta.call(CompleteMoves(self._daemon_id, outcomes), timeout_s=timeout_s)
         self.moved += sum(ok for ok, _ in results)
 
     def _copy(self, task: MoveTask) -> tuple[bool, str]:

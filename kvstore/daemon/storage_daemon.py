@@ -26,6 +26,7 @@ from kvstore.tls import TlsFiles
 from kvstore.transport import registry
 from kvstore.transport.base import GrantChecker, TransportServer
 from kvstore.types import Endpoint, SegmentInfo
+from kvstore.wire.calls import ServiceInfo
 
 if TYPE_CHECKING:
     from kvstore.metrics.daemon import DaemonMetrics
@@ -121,7 +122,7 @@ class StorageDaemon:
         is not up yet, until `deadline`)."""
         while True:
             try:
-                info = self._meta.service_info()
+                info = self._meta.call(ServiceInfo())
                 if info.shards is not None and (missing := info.shards.missing(info.shard)):
                     raise Unavailable(
                         f"the shard map of {self.config.meta_address} has no address for shard(s) {missing} yet"

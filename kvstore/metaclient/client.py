@@ -1,8 +1,8 @@
-"""MetaClient: every call of the metadata service as a typed method.
+"""MetaClient: the metadata service's calls, `meta.call(PutStart(keys, sizes))`.
 
 The one way any process talks to the service: the client SDK, the storage daemon and its tier
-mover all use it. Arguments and results are the plain types of kvstore.types and
-kvstore.results; protobuf stays in kvstore.wire.convert. Thread safe.
+mover all use it. Calls and their replies are the typed values of kvstore.wire.calls (replies of
+kvstore.results and kvstore.types); protobuf stays in kvstore.wire. Thread safe.
 
 `address` names one service ("host:port"), several ("h1:p1,h2:p2": a leader and its standbys),
 or a Redis URL ("redis://host:port/db?cluster=NAME") where the leader is looked up. A call a
@@ -15,34 +15,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from kvstore import tokens
 from kvstore.errors import NotLeader, Unavailable, WrongShard
 from kvstore.metaclient.channel import MetaChannel
 from kvstore.metaclient.targets import Targets
-from kvstore.results import (
-    Block,
-    GetReply,
-    HeartbeatReply,
-    KeyInfo,
-    KeyListing,
-    KeyResult,
-    MoveOutcome,
-    PutEndReply,
-    PutStartReply,
-    PutWritten,
-    Reserved,
-    ServiceInfo,
-    StoreStats,
-    TenantInfo,
-)
 from kvstore.tls import TlsFiles
-from kvstore.types import MoveTask, SegmentInfo
-from kvstore.v1 import meta_pb2 as pb
-from kvstore.wire import convert, listing, tenant_info
+from kvstore.wire import codec
+from kvstore.wire.call import Call
 
+R = TypeVar("R")
 _BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 _MAX_HOPS = 4  # NotLeader redirections followed for one call
 
@@ -170,213 +154,21 @@ class MetaClient:
 
         return done
 
-    # -- engines' calls ---------------------------------------------------------------------------
+    # -- the calls (kvstore.wire.calls) ------------------------------------------------------------
 
-    def service_info(self) -> ServiceInfo:
-        return convert.service_info_from_pb(self._call("ServiceInfo", pb.ServiceInfoRequest()))
+    def call(self, req: Call[R], timeout_s: float | None = None, retry_s: float = 0.0) -> R:
+        """Make the call `req` and return its reply; again with backoff for up to `retry_s` while
+        no service answers, if the call is safe to repeat."""
+        response = self._call(req.rpc, codec.request_to_pb(req), timeout_s, retry_s, req.is_repeatable())
+        reply: R = req.reply.from_pb(response, req)
+        return reply
 
-    def exists(self, keys: Sequence[str]) -> list[bool]:
-        return self.begin_exists(keys)()
+    def begin(self, req: Call[R], timeout_s: float | None = None) -> Callable[[], R]:
+        """Send the call `req` now; what is returned waits for its reply."""
+        finish = self._begin(req.rpc, codec.request_to_pb(req), timeout_s, req.is_repeatable())
 
-    def begin_exists(self, keys: Sequence[str]) -> Callable[[], list[bool]]:
-        finish = self._begin("Exists", pb.ExistsRequest(keys=keys))
-        return lambda: list(finish().exists)
+        def done() -> R:
+            reply: R = req.reply.from_pb(finish(), req)
+            return reply
 
-    def match_prefix(self, keys: Sequence[str]) -> int:
-        return int(self._call("MatchPrefix", pb.MatchPrefixRequest(keys=keys)).count)
-
-    def put_start(
-        self, keys: Sequence[str], sizes: Sequence[int], replica_num: int = 1, client_host: str = ""
-    ) -> PutStartReply:
-        """Never retried: a PutStart whose answer was lost may have reserved space."""
-        return self.begin_put_start(keys, sizes, replica_num, client_host)()
-
-    def begin_put_start(
-        self, keys: Sequence[str], sizes: Sequence[int], replica_num: int = 1, client_host: str = ""
-    ) -> Callable[[], PutStartReply]:
-        request = pb.PutStartRequest(keys=keys, sizes=sizes, replica_num=replica_num, client_host=client_host)
-        finish = self._begin("PutStart", request, repeatable=False)
-        return lambda: convert.put_start_reply_from_pb(finish())
-
-    def put_end(
-        self,
-        keys: Sequence[str],
-        checksums: Sequence[int],
-        written: Sequence[PutWritten] = (),
-        failed_segments: Sequence[str] = (),
-    ) -> PutEndReply:
-        return self.begin_put_end(keys, checksums, written, failed_segments)()
-
-    def begin_put_end(
-        self,
-        keys: Sequence[str],
-        checksums: Sequence[int],
-        written: Sequence[PutWritten] = (),
-        failed_segments: Sequence[str] = (),
-    ) -> Callable[[], PutEndReply]:
-        request = pb.PutEndRequest(
-            keys=keys,
-            checksums=checksums,
-            written=[convert.put_written_to_pb(w) for w in written],
-            failed_segments=failed_segments,
-        )
-        finish = self._begin("PutEnd", request)
-        return lambda: convert.put_end_reply_from_pb(finish())
-
-    def reserve(self, client_id: str, client_host: str, size: int) -> Reserved:
-        """A region for many small puts. Repeated while no service answers: a region whose
-        answer was lost is freed when its grant expires."""
-        request = pb.ReserveRequest(client_id=client_id, client_host=client_host, bytes=size)
-        return convert.reserved_from_pb(self._call("Reserve", request))
-
-    def put_commit(
-        self,
-        client_id: str,
-        region_id: int,
-        keys: Sequence[str],
-        offsets: Sequence[int],
-        sizes: Sequence[int],
-        checksums: Sequence[int],
-        released: Sequence[int] = (),
-    ) -> list[KeyResult]:
-        """Make values written into a region visible; safe to repeat (a key committed already
-        answers ALREADY_EXISTS)."""
-        request = pb.PutCommitRequest(
-            client_id=client_id,
-            region_id=region_id,
-            keys=keys,
-            offsets=offsets,
-            sizes=sizes,
-            checksums=checksums,
-            released=released,
-        )
-        return convert.key_results_from_pb(self._call("PutCommit", request).results)
-
-    def put_revoke(self, keys: Sequence[str], failed_segments: Sequence[str] = ()) -> list[KeyResult]:
-        return self.begin_put_revoke(keys, failed_segments)()
-
-    def begin_put_revoke(
-        self, keys: Sequence[str], failed_segments: Sequence[str] = ()
-    ) -> Callable[[], list[KeyResult]]:
-        finish = self._begin("PutRevoke", pb.PutRevokeRequest(keys=keys, failed_segments=failed_segments))
-        return lambda: convert.key_results_from_pb(finish().results)
-
-    def get(
-        self,
-        keys: Sequence[str],
-        released: Sequence[int] = (),
-        client_host: str = "",
-        client_id: str = "",
-        failed_segments: Sequence[str] = (),
-        touched: Sequence[str] = (),
-    ) -> GetReply:
-        """Locations and read leases for `keys`; `touched`: keys the caller read from locations it
-        cached, which the service marks recently used first."""
-        return self.begin_get(keys, released, client_host, client_id, failed_segments, touched)()
-
-    def begin_get(
-        self,
-        keys: Sequence[str],
-        released: Sequence[int] = (),
-        client_host: str = "",
-        client_id: str = "",
-        failed_segments: Sequence[str] = (),
-        touched: Sequence[str] = (),
-    ) -> Callable[[], GetReply]:
-        request = pb.GetRequest(
-            keys=keys,
-            released=released,
-            client_host=client_host,
-            client_id=client_id,
-            failed_segments=failed_segments,
-            touched=touched,
-        )
-        finish = self._begin("Get", request)
-        return lambda: convert.get_reply_from_pb(finish())
-
-    def remove(
-        self, keys: Sequence[str], force: bool = False, released: Sequence[int] = (), client_id: str = ""
-    ) -> list[KeyResult]:
-        return self.begin_remove(keys, force, released, client_id)()
-
-    def begin_remove(
-        self, keys: Sequence[str], force: bool = False, released: Sequence[int] = (), client_id: str = ""
-    ) -> Callable[[], list[KeyResult]]:
-        finish = self._begin("Remove", pb.RemoveRequest(keys=keys, force=force, released=released, client_id=client_id))
-        return lambda: convert.key_results_from_pb(finish().results)
-
-    def pin(self, keys: Sequence[str], ttl_s: float) -> list[KeyResult]:
-        response = self._call("Pin", pb.PinRequest(keys=keys, ttl_ms=int(ttl_s * 1000)))
-        return convert.key_results_from_pb(response.results)
-
-    def unpin(self, keys: Sequence[str]) -> list[KeyResult]:
-        return convert.key_results_from_pb(self._call("Unpin", pb.UnpinRequest(keys=keys)).results)
-
-    def stats(self) -> StoreStats:
-        return self.begin_stats()()
-
-    def begin_stats(self) -> Callable[[], StoreStats]:
-        finish = self._begin("Stats", pb.StatsRequest())
-        return lambda: convert.stats_from_pb(finish())
-
-    # -- daemons' calls ---------------------------------------------------------------------------
-
-    def mount_segment(self, info: SegmentInfo, retry_s: float = 0.0) -> None:
-        """Offer a segment (mounting the same segment again changes nothing, so it is retried)."""
-        request = pb.MountSegmentRequest(segment=convert.segment_to_pb(info))
-        self._call("MountSegment", request, retry_s=retry_s)
-
-    def unmount_segment(self, segment_id: str, timeout_s: float | None = None) -> int:
-        """Withdraw a segment; returns how many replicas the service dropped with it."""
-        response = self._call("UnmountSegment", pb.UnmountSegmentRequest(segment_id=segment_id), timeout_s)
-        return int(response.replicas_dropped)
-
-    def heartbeat(self, daemon_id: str, segment_ids: Sequence[str], timeout_s: float | None = None) -> HeartbeatReply:
-        request = pb.HeartbeatRequest(daemon_id=daemon_id, segment_ids=segment_ids)
-        return convert.heartbeat_reply_from_pb(self._call("Heartbeat", request, timeout_s))
-
-    def announce_blocks(self, segment_id: str, blocks: Sequence[Block]) -> list[KeyResult]:
-        request = pb.AnnounceBlocksRequest(segment_id=segment_id, blocks=convert.blocks_to_pb(blocks))
-        return convert.key_results_from_pb(self._call("AnnounceBlocks", request).results)
-
-    def claim_moves(self, daemon_id: str, max_bytes: int, timeout_s: float | None = None) -> list[MoveTask]:
-        request = pb.ClaimMovesRequest(daemon_id=daemon_id, max_bytes=max_bytes)
-        return [convert.move_from_pb(t) for t in self._call("ClaimMoves", request, timeout_s).tasks]
-
-    def complete_moves(self, daemon_id: str, outcomes: Sequence[MoveOutcome], timeout_s: float | None = None) -> None:
-        request = pb.CompleteMovesRequest(daemon_id=daemon_id, results=convert.move_outcomes_to_pb(outcomes))
-        self._call("CompleteMoves", request, timeout_s)
-
-    # -- operators' calls (read-only) -------------------------------------------------------------
-
-    def list_keys(self, prefix: str = "", limit: int = 0, cursor: str = "") -> KeyListing:
-        """One page of the stored keys starting with `prefix`, in byte order, after `cursor`."""
-        request = pb.ListKeysRequest(prefix=prefix, limit=limit, cursor=cursor)
-        return listing.listing_from_pb(self._call("ListKeys", request))
-
-    def describe(self, keys: Sequence[str]) -> list[KeyInfo]:
-        response = self._call("Describe", pb.DescribeRequest(keys=keys))
-        return listing.key_infos_from_pb(keys, list(response.keys))
-
-    # -- tenants (the admin's calls) ---------------------------------------------------------------
-
-    def tenant_add(self, tenant: TenantInfo, update: bool = False, keep_id: bool = False) -> TenantInfo:
-        """Make a tenant (AlreadyExists if there is one of that name), or with `update` change one.
-        `keep_id`: give it `tenant.id` (a sharded store makes each tenant on every shard alike)."""
-        request = pb.TenantAddRequest(tenant=tenant_info.tenant_to_pb(tenant), update=update, keep_id=keep_id)
-        return tenant_info.tenant_from_pb(self._call("TenantAdd", request, repeatable=update).tenant)
-
-    def tenant_token(self, name: str, ttl_s: float = 0.0, token: str = "") -> tuple[str, str]:
-        """(token id, token): a new token of tenant `name`, good for `ttl_s` (0: until revoked).
-        The token is shown only now. `token`: install this one, made by another shard."""
-        request = pb.TenantTokenRequest(name=name, ttl_ms=int(ttl_s * 1000), token=token)
-        response = self._call("TenantToken", request, repeatable=False)
-        return response.token_id, response.token
-
-    def tenant_revoke(self, name: str, token_id: str = "") -> int:
-        """Revoke one token of `name` (or all of them); how many were revoked."""
-        return int(self._call("TenantRevoke", pb.TenantRevokeRequest(name=name, token_id=token_id)).revoked)
-
-    def tenant_list(self) -> list[TenantInfo]:
-        response = self._call("TenantList", pb.TenantListRequest())
-        return [tenant_info.tenant_from_pb(t) for t in response.tenants]
+        return done

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -10,10 +11,23 @@ from typing import Any, TypeVar
 from kvstore import shards
 from kvstore.errors import InvalidArgument, Unavailable, WrongShard
 from kvstore.metaclient.client import MetaClient
-from kvstore.results import GetReply, GetResult, KeyListing, StoreStats, TenantInfo
+from kvstore.results import (
+    GetReply,
+    GetResult,
+    KeyListing,
+    KeyResult,
+    PutEndReply,
+    PutStartReply,
+    PutStartResult,
+    StoreStats,
+    TenantInfo,
+)
 from kvstore.types import SegmentInfo, Tier
+from kvstore.wire.call import Call
 
 T = TypeVar("T")
+R = TypeVar("R")
+C = TypeVar("C", bound="Call[Any]")
 
 
 def fan(
@@ -58,15 +72,6 @@ def _parts(keys: Sequence[str], todo: list[int], count: int) -> dict[int, list[i
     return {shard: [todo[j] for j in sub] for shard, sub in shards.split(pick(keys, todo), count).items()}
 
 
-def serially(
-    cs: list[MetaClient], keys: Sequence[str], call: Callable[[MetaClient, list[str]], Sequence[T]]
-) -> list[T]:
-    out: list[Any] = [None] * len(keys)
-    for shard, idx in shards.split(keys, len(cs)).items():
-        place(out, idx, call(cs[shard], pick(keys, idx)))
-    return out
-
-
 def same_length(keys: Sequence[str], values: Sequence[Any], what: str) -> None:
     if len(values) != len(keys):
         raise InvalidArgument(f"{len(keys)} keys but {len(values)} {what}: give one per key")
@@ -83,11 +88,59 @@ def place(out: list[Any], idx: list[int], values: Sequence[Any]) -> None:
         out[i] = v
 
 
+def keys_of(req: Call[Any]) -> Sequence[str]:
+    """The keys a call names (none for a call of leases alone)."""
+    keys: Sequence[str] = req.value("keys", ())
+    return keys
+
+
+def check_keyed(req: Call[Any]) -> None:
+    """Every field with one item per key has as many as there are keys (an optional one, left
+    empty, may have none)."""
+    keys = keys_of(req)
+    optional = {f.name for f in dataclasses.fields(req) if f.default != dataclasses.MISSING}
+    for name in req.keyed:
+        values = req.value(name)
+        if name != "keys" and (values or name not in optional):
+            same_length(keys, values, name)
+
+
+def part(req: C, idx: list[int]) -> C:
+    """`req` for the keys at positions `idx` (and the items of its keyed fields there)."""
+    return replace(req, **{name: pick(v, idx) if (v := req.value(name)) else v for name in req.keyed})
+
+
+Merge = Callable[[Any, int, Iterable[tuple[list[int], Any]]], Any]
+
+
+def merge_of(req: Call[R]) -> Callable[[Call[R], int, Iterable[tuple[list[int], R]]], R]:
+    """How the shards' answers to `req` become one (its class's `merge`)."""
+    return MERGES[req.merge]
+
+
 def concat(n: int, parts: Iterable[tuple[list[int], Sequence[T]]]) -> list[T]:
     out: list[Any] = [None] * n
     for idx, values in parts:
         place(out, idx, values)
     return out
+
+
+def merge_put_starts(n: int, parts: Iterable[tuple[list[int], PutStartReply]]) -> PutStartReply:
+    results: list[PutStartResult] = [PutStartResult()] * n
+    segments: dict[str, SegmentInfo] = {}
+    for idx, reply in parts:
+        place(results, idx, reply.results)
+        segments.update(reply.segments)
+    return PutStartReply(tuple(results), segments)
+
+
+def merge_put_ends(n: int, parts: Iterable[tuple[list[int], PutEndReply]]) -> PutEndReply:
+    results: list[KeyResult] = [KeyResult()] * n
+    replicas = [0] * n
+    for idx, reply in parts:
+        place(results, idx, reply.results)
+        place(replicas, idx, reply.replicas or [0] * len(idx))
+    return PutEndReply(tuple(results), tuple(replicas))
 
 
 def merge_gets(n: int, parts: Iterable[tuple[list[int], GetReply]]) -> GetReply:
@@ -160,15 +213,6 @@ def add_stats(per_shard: list[StoreStats]) -> StoreStats:
     )
 
 
-def split_bytes(tenant: TenantInfo, count: int) -> TenantInfo:
-    """Each shard's share of a tenant's quotas and reserves (rounded up: no share is 0)."""
-    return replace(
-        tenant,
-        quotas={t: -(-n // count) for t, n in tenant.quotas.items()},
-        reserved={t: -(-n // count) for t, n in tenant.reserved.items()},
-    )
-
-
 def sum_tiers(tables: Iterable[dict[Tier, int]]) -> dict[Tier, int]:
     out: dict[Tier, int] = {}
     for table in tables:
@@ -202,3 +246,15 @@ def merge_tenants(lists: Sequence[Sequence[TenantInfo]]) -> list[TenantInfo]:
             )
         )
     return out
+
+
+MERGES: dict[str, Merge] = {
+    "concat": lambda req, n, parts: concat(n, parts),
+    "none": lambda req, n, parts: None,
+    "put_start": lambda req, n, parts: merge_put_starts(n, parts),
+    "put_end": lambda req, n, parts: merge_put_ends(n, parts),
+    "get": lambda req, n, parts: merge_gets(n, parts),
+    "stats": lambda req, n, parts: add_stats([reply for _, reply in parts]),
+    "pages": lambda req, n, parts: merge_pages([reply for _, reply in parts], req.limit),
+    "tenants": lambda req, n, parts: merge_tenants([reply for _, reply in parts]),
+}

@@ -17,29 +17,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from kvstore import shards
 from kvstore.errors import AlreadyExists, KeyNotFound, KVStoreError, PermissionDenied, Unavailable, WrongShard
 from kvstore.metaclient import merge as sm
 from kvstore.metaclient.client import MetaClient
-from kvstore.results import (
-    GetReply,
-    GetResult,
-    KeyInfo,
-    KeyListing,
-    KeyResult,
-    PutEndReply,
-    PutStartReply,
-    PutStartResult,
-    PutWritten,
-    ServiceInfo,
-    StoreStats,
-    TenantInfo,
-)
-from kvstore.types import SegmentInfo
+from kvstore.results import GetReply, GetResult
+from kvstore.wire.call import Call, Fan
+from kvstore.wire.calls import Exists, ServiceInfo
 
 T = TypeVar("T")
+R = TypeVar("R")
 _MAX_KEPT = 4096  # leases kept per shard to hand back with a later call
 _MAX_LEASES = 1 << 20  # lease ids remembered for routing their release (a reader hands them back soon)
 
@@ -79,7 +68,7 @@ class ShardedMetaClient:
 
     def _discover(self) -> list[MetaClient]:
         try:
-            info = self.base.service_info()
+            info = self.base.call(ServiceInfo())
         except (Unavailable, PermissionDenied):
             raise
         except KVStoreError:  # a service too old to say: not sharded
@@ -146,161 +135,128 @@ class ShardedMetaClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getattr__(self, name: str) -> Any:
-        """Calls with no key to route (ServiceInfo, the daemons' calls): the given service's."""
-        return getattr(self.base, name)
+    # -- the given service's ---------------------------------------------------------------------
 
-    # -- keyed calls --------------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return self.base.address
 
-    def exists(self, keys: Sequence[str]) -> list[bool]:
+    @property
+    def current(self) -> str:
+        """The address calls with no key to route (Fan.BASE) go to now."""
+        return self.base.current
+
+    @property
+    def fast_lane_port(self) -> int:
+        return self.base.fast_lane_port
+
+    # -- calls --------------------------------------------------------------------------------------
+
+    def call(self, req: Call[R], timeout_s: float | None = None, retry_s: float = 0.0) -> R:
+        """The reply to `req`, made where its `fan` says: calls with no key to route (ServiceInfo,
+        the daemons' calls, regions) on the given service; keyed calls split by shard, sent at
+        once and merged; whole-store calls on every shard."""
+        if req.fan is Fan.BASE:
+            return self.base.call(req, timeout_s, retry_s)
         if (one := self._single()) is not None:
-            return one.exists(keys)
-        return self._fan(keys, lambda cs, i, idx: cs[i].begin_exists(sm.pick(keys, idx)), sm.concat)
+            return one.call(req, timeout_s, retry_s)
+        if req.fan is Fan.SPLIT:
+            return self._split(req, timeout_s)
+        if req.fan is Fan.EVERY:
+            return self._every(req, timeout_s)
+        if req.fan is Fan.PREFIX:
+            return self._routed(lambda cs: self._prefix(cs, req, timeout_s))
+        return self._tenants(req, timeout_s)
 
-    def match_prefix(self, keys: Sequence[str]) -> int:
-        """One call when the chain's keys share a shard (a hash tag); else Exists on every shard
-        at once and the leading run counted here."""
-
+    def begin(self, req: Call[R], timeout_s: float | None = None) -> Callable[[], R]:
+        """`req` sent now where one service answers it; a call over several shards is made
+        before this returns (each shard's part is sent at once anyway)."""
+        if req.fan is Fan.BASE:
+            return self.base.begin(req, timeout_s)
         if (one := self._single()) is not None:
-            return one.match_prefix(keys)
+            return one.begin(req, timeout_s)
+        reply = self.call(req, timeout_s)
+        return lambda: reply
 
-        def call(cs: list[MetaClient]) -> int:
-            parts = shards.split(keys, len(cs))
-            if len(parts) == 1:
-                (shard,) = parts
-                return cs[shard].match_prefix(keys)
-            found = sm.fan(cs, keys, lambda cs, i, idx: cs[i].begin_exists(sm.pick(keys, idx)), sm.concat)
-            return next((i for i, hit in enumerate(found) if not hit), len(found))
-
-        return self._routed(call)
-
-    def put_start(
-        self, keys: Sequence[str], sizes: Sequence[int], replica_num: int = 1, client_host: str = ""
-    ) -> PutStartReply:
-        if (one := self._single()) is not None:
-            return one.put_start(keys, sizes, replica_num, client_host)
-        sm.same_length(keys, sizes, "sizes")
-
-        def begin(cs: list[MetaClient], i: int, idx: list[int]) -> Callable[[], PutStartReply]:
-            return cs[i].begin_put_start(sm.pick(keys, idx), sm.pick(sizes, idx), replica_num, client_host)
-
-        def join(n: int, parts: Iterable[tuple[list[int], PutStartReply]]) -> PutStartReply:
-            results: list[PutStartResult] = [PutStartResult()] * n
-            segments: dict[str, SegmentInfo] = {}
-            for idx, reply in parts:
-                sm.place(results, idx, reply.results)
-                segments.update(reply.segments)
-            return PutStartReply(tuple(results), segments)
-
-        return self._fan(keys, begin, join)
-
-    def put_end(
-        self,
-        keys: Sequence[str],
-        checksums: Sequence[int],
-        written: Sequence[PutWritten] = (),
-        failed_segments: Sequence[str] = (),
-    ) -> PutEndReply:
-        if (one := self._single()) is not None:
-            return one.put_end(keys, checksums, written, failed_segments)
-        sm.same_length(keys, checksums, "checksums")
-        if written:
-            sm.same_length(keys, written, "written")
-
-        def begin(cs: list[MetaClient], i: int, idx: list[int]) -> Callable[[], PutEndReply]:
-            return cs[i].begin_put_end(
-                sm.pick(keys, idx),
-                sm.pick(checksums, idx),
-                sm.pick(written, idx) if written else (),
-                failed_segments,
-            )
-
-        def join(n: int, parts: Iterable[tuple[list[int], PutEndReply]]) -> PutEndReply:
-            results: list[KeyResult] = [KeyResult()] * n
-            replicas = [0] * n
-            for idx, reply in parts:
-                sm.place(results, idx, reply.results)
-                sm.place(replicas, idx, reply.replicas or [0] * len(idx))
-            return PutEndReply(tuple(results), tuple(replicas))
-
-        return self._fan(keys, begin, join)
-
-    def put_revoke(self, keys: Sequence[str], failed_segments: Sequence[str] = ()) -> list[KeyResult]:
-        if (one := self._single()) is not None:
-            return one.put_revoke(keys, failed_segments)
-        return self._fan(
-            keys, lambda cs, i, idx: cs[i].begin_put_revoke(sm.pick(keys, idx), failed_segments), sm.concat
-        )
-
-    def get(
-        self,
-        keys: Sequence[str],
-        released: Sequence[int] = (),
-        client_host: str = "",
-        client_id: str = "",
-        failed_segments: Sequence[str] = (),
-        touched: Sequence[str] = (),
-    ) -> GetReply:
-        """`touched`: keys read from cached locations, each marked recently used by its own shard
-        (with this call where it visits that shard, else with a Get of no keys)."""
-        if (one := self._single()) is not None:
-            return one.get(keys, released, client_host, client_id, failed_segments, touched)
-
+    def _split(self, req: Call[R], timeout_s: float | None) -> R:
+        """Each shard its own keys' part (merge.fan); keys a shard says are not its own go once
+        more over a fresh map, and only they. Read leases handed back go to the shards that
+        granted them; touched keys to the shards that own them."""
+        keys = sm.keys_of(req)
+        sm.check_keyed(req)
+        merge = sm.merge_of(req)
+        if not req.leases:
+            return sm.fan(self.shard_clients(), keys, lambda cs, i, idx: cs[i].begin(sm.part(req, idx), timeout_s),
+                          lambda n, parts: merge(req, n, parts), self._refresh)  # fmt: skip
         cs = self.shard_clients()
-        handed = self._release_by_shard(released)
+        handed = self._release_by_shard(req.value("released"))
+        touched: Sequence[str] = req.value("touched") if req.hints else ()
         touches = {i: sm.pick(touched, idx) for i, idx in shards.split(touched, len(cs)).items()}
+        hints = req.hints
 
-        def begin(now: list[MetaClient], i: int, idx: list[int]) -> Callable[[], GetReply]:
+        def begin(now: list[MetaClient], i: int, idx: list[int]) -> Callable[[], R]:
             first = now is cs  # leases and touches were sorted by this map's shards
             leases, mine = (handed.pop(i, []), touches.pop(i, [])) if first else ([], [])
-            return now[i].begin_get(sm.pick(keys, idx), leases, client_host, client_id, failed_segments, mine)
+            extra: dict[str, Any] = {"released": leases, **({"touched": mine} if hints else {})}
+            return now[i].begin(replace(sm.part(req, idx), **extra), timeout_s)
 
         try:
-            reply = sm.fan(cs, keys, begin, sm.merge_gets, self._refresh)
+            reply = sm.fan(cs, keys, begin, lambda n, parts: merge(req, n, parts), self._refresh)
         except BaseException:
             self._keep_for_later(handed)  # those not sent yet
             raise
-        self._remember_leases(keys, reply.results, self.shard_count)
-        # Shards the Get did not visit: their touches (hints), and on a Get of no keys (the
-        # reader handing leases back) their leases too; other leases go with a later call.
-        for i in sorted(set(touches) | (set(handed) if not keys else set())):
+        if isinstance(reply, GetReply):
+            self._remember_leases(keys, reply.results, self.shard_count)
+        # Shards the call did not visit: their touches (hints); their leases too where the call
+        # hands leases back at once (Remove), or had no keys (a reader handing leases back).
+        # Other leases go with a later call.
+        now = set(handed) if (not keys or not hints) else set()
+        for i in sorted(set(touches) | now):
             leases = handed.pop(i, [])
+            extra: dict[str, Any] = {"released": leases}
+            if hints:  # a hint goes alone: no failure report rides it to a shard the reader did not ask
+                extra.update(touched=touches.get(i, []), failed_segments=())
             try:
-                cs[i].get([], leases, client_host, client_id, (), touches.get(i, []))
-            except KVStoreError:  # a hint lost; the leases go with a later call
-                handed.setdefault(i, []).extend(leases)
+                cs[i].call(replace(sm.part(req, []), **extra), timeout_s)
+            except KVStoreError:
+                if not hints:
+                    raise
+                handed.setdefault(i, []).extend(leases)  # a hint lost; the leases go with a later call
         self._keep_for_later(handed)
         return reply
 
-    def remove(
-        self, keys: Sequence[str], force: bool = False, released: Sequence[int] = (), client_id: str = ""
-    ) -> list[KeyResult]:
-        if (one := self._single()) is not None:
-            return one.remove(keys, force, released, client_id)
+    def _prefix(self, cs: list[MetaClient], req: Call[R], timeout_s: float | None) -> R:
+        """One call when the chain's keys share a shard (a hash tag); else Exists on every shard
+        at once and the leading run counted here."""
+        keys = sm.keys_of(req)
+        parts = shards.split(keys, len(cs))
+        if len(parts) == 1:
+            (shard,) = parts
+            return cs[shard].call(req, timeout_s)
+        found = sm.fan(cs, keys, lambda cs, i, idx: cs[i].begin(Exists(sm.pick(keys, idx)), timeout_s), sm.concat)
+        count: Any = next((i for i, hit in enumerate(found) if not hit), len(found))
+        return cast(R, count)
 
+    def _every(self, req: Call[R], timeout_s: float | None) -> R:
+        finishers = [c.begin(req, timeout_s) for c in self.shard_clients()]
+        return sm.merge_of(req)(req, len(finishers), [([], finish()) for finish in finishers])
+
+    def _tenants(self, req: Call[R], timeout_s: float | None) -> R:
+        """Tenants exist on every shard: shard 0 first, whose answer (a tenant's id, a token) the
+        others are given."""
         cs = self.shard_clients()
-        handed = self._release_by_shard(released)
-
-        def begin(now: list[MetaClient], i: int, idx: list[int]) -> Callable[[], list[KeyResult]]:
-            return now[i].begin_remove(sm.pick(keys, idx), force, handed.pop(i, ()) if now is cs else (), client_id)
-
-        try:
-            results = sm.fan(cs, keys, begin, sm.concat, self._refresh)
-        except BaseException:
-            self._keep_for_later(handed)  # those not sent yet
-            raise
-        for shard, leases in handed.items():  # a Remove of no keys is how a reader hands leases back
-            cs[shard].remove([], False, leases, client_id)
-        return results
-
-    def pin(self, keys: Sequence[str], ttl_s: float) -> list[KeyResult]:
-        return self._routed(lambda cs: sm.serially(cs, keys, lambda c, sub: c.pin(sub, ttl_s)))
-
-    def unpin(self, keys: Sequence[str]) -> list[KeyResult]:
-        return self._routed(lambda cs: sm.serially(cs, keys, lambda c, sub: c.unpin(sub)))
-
-    def describe(self, keys: Sequence[str]) -> list[KeyInfo]:
-        return self._routed(lambda cs: sm.serially(cs, keys, lambda c, sub: c.describe(sub)))
+        first = req.first(len(cs))
+        made = cs[0].call(first, timeout_s)
+        for c in cs[1:]:
+            alike = first.then(made)
+            try:
+                c.call(alike, timeout_s)
+            except (AlreadyExists, KeyNotFound):  # an earlier call stopped part way: this shard's differs
+                instead = alike.again()
+                if instead is None:
+                    raise
+                c.call(instead, timeout_s)
+        return req.joined(made)
 
     # -- read leases ------------------------------------------------------------------------------
 
@@ -329,61 +285,6 @@ class ShardedMetaClient:
                 kept = self._later.setdefault(shard, [])
                 kept.extend(leases)
                 del kept[:-_MAX_KEPT]  # a shard never visited again: the oldest run out on their own
-
-    # -- whole-store calls ------------------------------------------------------------------------
-
-    def service_info(self) -> ServiceInfo:
-        return self.base.service_info()
-
-    def stats(self) -> StoreStats:
-        cs = self.shard_clients()
-        if len(cs) == 1:
-            return cs[0].stats()
-        finishers = [c.begin_stats() for c in cs]
-        return sm.add_stats([finish() for finish in finishers])
-
-    def list_keys(self, prefix: str = "", limit: int = 0, cursor: str = "") -> KeyListing:
-        """The shards' pages merged in byte order: the first `limit` of all of them."""
-        cs = self.shard_clients()
-        if len(cs) == 1:
-            return cs[0].list_keys(prefix, limit, cursor)
-        return sm.merge_pages([c.list_keys(prefix, limit, cursor) for c in cs], limit)
-
-    # -- tenants: on every shard --------------------------------------------------------------------
-
-    def tenant_add(self, tenant: TenantInfo, update: bool = False) -> TenantInfo:
-        cs = self.shard_clients()
-        if len(cs) == 1:
-            return cs[0].tenant_add(tenant, update)
-        share = sm.split_bytes(tenant, len(cs))
-        made = cs[0].tenant_add(share, update)
-        for c in cs[1:]:
-            alike = replace(share, id=made.id)
-            try:
-                c.tenant_add(alike, update, keep_id=True)
-            except (AlreadyExists, KeyNotFound):  # an earlier call stopped part way: this shard's differs
-                c.tenant_add(alike, not update, keep_id=True)
-        return replace(made, quotas=tenant.quotas, reserved=tenant.reserved)
-
-    def tenant_token(self, name: str, ttl_s: float = 0.0) -> tuple[str, str]:
-        cs = self.shard_clients()
-        token_id, token = cs[0].tenant_token(name, ttl_s)
-        for c in cs[1:]:
-            c.tenant_token(name, ttl_s, token=token)
-        return token_id, token
-
-    def tenant_revoke(self, name: str, token_id: str = "") -> int:
-        cs = self.shard_clients()
-        revoked = cs[0].tenant_revoke(name, token_id)
-        for c in cs[1:]:
-            c.tenant_revoke(name, token_id)
-        return revoked
-
-    def tenant_list(self) -> list[TenantInfo]:
-        cs = self.shard_clients()
-        if len(cs) == 1:
-            return cs[0].tenant_list()
-        return sm.merge_tenants([c.tenant_list() for c in cs])
 
 
 def client_for(base: MetaClient) -> ShardedMetaClient:

@@ -29,14 +29,11 @@ from kvstore import tokens
 from kvstore.clock import Clock, SystemClock
 from kvstore.errors import KVStoreError, PermissionDenied, Unauthenticated, Unavailable
 from kvstore.meta.tenants import DEFAULT_ID, DEFAULT_NAME, Tenant, TenantRegistry
+from kvstore.wire.call import Role
+from kvstore.wire.calls import CALLS
 
-DATA = frozenset(
-    {"PutStart", "PutEnd", "PutRevoke", "Get", "Exists", "MatchPrefix", "Remove", "Pin", "Unpin", "ListKeys",
-     "Describe", "Reserve", "PutCommit"}
-)  # fmt: skip
-DAEMON = frozenset({"MountSegment", "UnmountSegment", "Heartbeat", "ClaimMoves", "CompleteMoves", "AnnounceBlocks"})
-ADMIN = frozenset({"TenantAdd", "TenantToken", "TenantRevoke", "TenantList"})
-ANYONE = frozenset({"Stats", "ServiceInfo"})
+# Who may make each call: its class's `role` (kvstore.wire.calls).
+DATA, DAEMON, ADMIN, ANYONE = (frozenset(n for n, c in CALLS.items() if c.role is r) for r in Role)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""The metadata service's calls as plain methods: a request message and the caller in, a
-response message out.
+"""The metadata service's calls as plain methods: a call value (kvstore.wire.calls) and the
+caller in, the reply value out; `handler(name)` is the same with the messages of the wire.
 
-This is the one translation layer between the wire (kvstore.v1 messages, converted by
-kvstore.wire.convert) and MetaStore. Both lanes call it: gRPC (meta.py) and the fast lane
-(fastlane.py), each with the Principal its caller authenticated as (auth.py). A method raises
-KVStoreError for a call that fails as a whole; per-key outcomes travel inside the response.
-Each method makes one call on the store (one lock hold).
+This is the one translation layer between the wire and MetaStore. Both lanes call it: gRPC
+(meta.py) and the fast lane (fastlane.py), each with the Principal its caller authenticated as
+(auth.py). A method raises KVStoreError for a call that fails as a whole; per-key outcomes travel
+inside the reply. Each method makes one call on the store (one lock hold), and is named after its
+call (PutStart: put_start).
 
 Isolation happens here: every key a tenant names is put in its namespace before the store sees
 it (tenants.py), the lease holder it names too, and what comes back names only its own keys. A
@@ -14,22 +14,40 @@ tenant not trusted with shm is offered neither shm nor mooncake endpoints, nor L
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from kvstore.errors import InvalidArgument, WrongShard
 from kvstore.meta import tenant_calls
 from kvstore.meta.ha import Single, Stores
 from kvstore.meta.store import MetaStore
 from kvstore.meta.tenants import DEFAULT_ID, namespace
-from kvstore.server.auth import ANYONE, Principal
+from kvstore.results import (
+    GetReply,
+    HeartbeatReply,
+    KeyInfo,
+    KeyListing,
+    KeyResult,
+    PutEndReply,
+    PutStartReply,
+    Reserved,
+    ServiceInfoReply,
+    StoreStats,
+    TenantInfo,
+)
+from kvstore.server.auth import Principal
 from kvstore.shards import ShardMap, ShardSpec, foreign, shard_of
 from kvstore.transport.registry import unconfined
-from kvstore.types import CheckedKeys, validate_keys
+from kvstore.types import CheckedKeys, MoveTask, validate_keys
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.version import __version__
-from kvstore.wire import convert, tenant_info
-from kvstore.wire import listing as wire_keys
+from kvstore.wire import calls, codec
+from kvstore.wire.call import Role, snake
+from kvstore.wire.calls import CALLS
 
 Handler = Callable[[Any, Principal], Any]
 _UNCONFINED = unconfined()
@@ -51,6 +69,18 @@ def _confine(segments: Iterable[pb.Segment]) -> None:
                     if e.transport not in _UNCONFINED]  # fmt: skip
             del seg.endpoints[:]
             seg.endpoints.extend(keep)
+
+
+def _found(msg: Message, kind: str) -> Iterator[Any]:
+    """The messages of type `kind` (Status, Segment) in `msg`, at any depth."""
+    for fd, value in msg.ListFields():
+        if fd.type != FieldDescriptor.TYPE_MESSAGE:
+            continue
+        for item in value if fd.is_repeated else (value,):
+            if fd.message_type is not None and fd.message_type.name == kind:
+                yield item
+            else:
+                yield from _found(item, kind)
 
 
 class ShardDirectory(Protocol):
@@ -93,21 +123,27 @@ class MetaHandlers:
         return self.stores.for_writes()
 
     def handler(self, name: str) -> Handler:
-        """The method for the RPC `name` (as declared in MetaService): it refuses callers whose
-        role may not make it (PermissionDenied), and is observed if an observer was given."""
+        """The RPC `name` (as declared in MetaService) from request message to response message:
+        it refuses callers whose role may not make it (PermissionDenied), shows a tenant only its
+        own names and the transports it is trusted with, and is observed if an observer was given."""
         found = self._wrapped.get(name)
         if found is not None:
             return found
-        method: Handler = getattr(self, name)
-
-        leased = name not in ANYONE  # ServiceInfo and Stats say where the service stands, lease or not
+        cls = CALLS[name]
+        method: Callable[[Any, Principal], Any] = getattr(self, snake(name))
+        response_type = codec.response_type(cls)
+        leased = cls.role is not Role.ANYONE  # ServiceInfo and Stats say where the service stands, lease or not
+        shown = cls.role is Role.DATA
 
         def call(request: Any, who: Principal) -> Any:
             who.check(name)
-            reply = method(request, who)
+            reply = method(codec.request_from_pb(cls, request), who)
             if leased:
                 self.stores.still_answering()  # a lease that ended during the call: no reply from it
-            return reply
+            response = cls.reply.to_pb(reply, response_type)
+            if shown:
+                self._shown(response, who)
+            return response
 
         wrapped = self._observer.wrap(name, call) if self._observer is not None else call
         self._wrapped[name] = wrapped
@@ -145,201 +181,136 @@ class MetaHandlers:
         return client_host if who.trust_shm else ""
 
     @staticmethod
-    def _shown(statuses: Iterable[pb.Status], who: Principal, segments: Iterable[pb.Segment] = ()) -> None:
+    def _shown(response: Message, who: Principal) -> None:
         if who.tenant != DEFAULT_ID:
-            _scrub(statuses, who)
+            _scrub(_found(response, "Status"), who)
         if not who.trust_shm:
-            _confine(segments)
+            _confine(_found(response, "Segment"))
 
-    def ServiceInfo(self, request: pb.ServiceInfoRequest, who: Principal) -> pb.ServiceInfoResponse:
+    def service_info(self, req: calls.ServiceInfo, who: Principal) -> ServiceInfoReply:
         standing = self.stores.standing()
-        shard_map = self._shards.current() if self._shards is not None and self.shard.count > 1 else None
-        return pb.ServiceInfoResponse(
-            version=__version__,
-            fast_lane_port=self.fast_lane_port,
-            role=standing.role,
-            epoch=standing.epoch,
-            leader=standing.leader,
-            shard=self.shard.index,
-            shards=self.shard.count,
-            shard_addresses=shard_map.addresses if shard_map is not None else (),
-            map_epoch=shard_map.epoch if shard_map is not None else 0,
+        shards = None
+        if self.shard.count > 1:
+            shards = self._shards.current() if self._shards is not None else ShardMap(("",) * self.shard.count)
+        return ServiceInfoReply(
+            __version__, self.fast_lane_port, standing.role, standing.epoch, standing.leader, self.shard.index, shards
         )
 
-    def MountSegment(self, request: pb.MountSegmentRequest, who: Principal) -> pb.MountSegmentResponse:
-        if not request.HasField("segment"):
-            raise InvalidArgument("MountSegment needs a segment")
-        self._writes.mount_segment(convert.segment_from_pb(request.segment))
-        return pb.MountSegmentResponse()
+    def mount_segment(self, req: calls.MountSegment, who: Principal) -> None:
+        self._writes.mount_segment(req.segment)
 
-    def UnmountSegment(self, request: pb.UnmountSegmentRequest, who: Principal) -> pb.UnmountSegmentResponse:
-        return pb.UnmountSegmentResponse(replicas_dropped=self._writes.unmount_segment(request.segment_id))
+    def unmount_segment(self, req: calls.UnmountSegment, who: Principal) -> int:
+        return self._writes.unmount_segment(req.segment_id)
 
-    def Heartbeat(self, request: pb.HeartbeatRequest, who: Principal) -> pb.HeartbeatResponse:
+    def heartbeat(self, req: calls.Heartbeat, who: Principal) -> HeartbeatReply:
         store = self._reads
-        unknown = store.heartbeat(request.daemon_id, list(request.segment_ids))
-        return pb.HeartbeatResponse(unknown_segment_ids=unknown, ttl_ms=int(store.config.heartbeat_ttl_s * 1000))
+        unknown = store.heartbeat(req.daemon_id, req.segment_ids)
+        return HeartbeatReply(tuple(unknown), int(store.config.heartbeat_ttl_s * 1000))
 
-    def PutStart(self, request: pb.PutStartRequest, who: Principal) -> pb.PutStartResponse:
-        keys = self._keys(request.keys, who)
-        host = self._host(request.client_host, who)
-        reply = self._writes.put_start(keys, list(request.sizes), request.replica_num or 1, host)
-        response = convert.put_start_reply_to_pb(reply)
-        self._shown((r.status for r in response.results), who, response.segments)
-        return response
+    def put_start(self, req: calls.PutStart, who: Principal) -> PutStartReply:
+        keys = self._keys(req.keys, who)
+        return self._writes.put_start(keys, req.sizes, req.replica_num or 1, self._host(req.client_host, who))
 
-    def PutEnd(self, request: pb.PutEndRequest, who: Principal) -> pb.PutEndResponse:
-        written = [convert.put_written_from_pb(w) for w in request.written]
-        keys = self._keys(request.keys, who)
-        reply = self._writes.put_end(
-            keys, list(request.checksums), written, list(request.failed_segments), unchecked_ok=who.trust_shm
-        )
-        response = convert.put_end_reply_to_pb(reply)
-        self._shown(response.results, who)
-        return response
+    def put_end(self, req: calls.PutEnd, who: Principal) -> PutEndReply:
+        keys = self._keys(req.keys, who)
+        return self._writes.put_end(keys, req.checksums, req.written, req.failed_segments, unchecked_ok=who.trust_shm)
 
-    def Reserve(self, request: pb.ReserveRequest, who: Principal) -> pb.ReserveResponse:
+    def reserve(self, req: calls.Reserve, who: Principal) -> Reserved:
         """A region is a LOCAL grant: a tenant not trusted with shm is offered none (no host)."""
-        host = self._host(request.client_host, who)
-        reserved = self._writes.regions.reserve(self._holder(request.client_id, who), host, request.bytes, who.tenant)
-        return convert.reserved_to_pb(reserved)
+        host = self._host(req.client_host, who)
+        return self._writes.regions.reserve(self._holder(req.client_id, who), host, req.size, who.tenant)
 
-    def PutCommit(self, request: pb.PutCommitRequest, who: Principal) -> pb.PutCommitResponse:
-        results = self._writes.regions.put_commit(
-            self._holder(request.client_id, who),
-            request.region_id,
-            self._keys(request.keys, who),
-            list(request.offsets),
-            list(request.sizes),
-            list(request.checksums),
-            list(request.released),
-        )
-        response = pb.PutCommitResponse(results=convert.key_results_to_pb(results))
-        self._shown(response.results, who)
-        return response
+    def put_commit(self, req: calls.PutCommit, who: Principal) -> list[KeyResult]:
+        return self._writes.regions.put_commit(
+            self._holder(req.client_id, who), req.region_id, self._keys(req.keys, who), req.offsets, req.sizes,
+            req.checksums, req.released,
+        )  # fmt: skip
 
-    def PutRevoke(self, request: pb.PutRevokeRequest, who: Principal) -> pb.PutRevokeResponse:
-        results = self._writes.put_revoke(self._keys(request.keys, who), list(request.failed_segments))
-        response = pb.PutRevokeResponse(results=convert.key_results_to_pb(results))
-        self._shown(response.results, who)
-        return response
+    def put_revoke(self, req: calls.PutRevoke, who: Principal) -> list[KeyResult]:
+        return self._writes.put_revoke(self._keys(req.keys, who), req.failed_segments)
 
-    def Get(self, request: pb.GetRequest, who: Principal) -> pb.GetResponse:
-        reply = self._reads.get(
-            self._keys(request.keys, who),
-            list(request.released),
-            self._host(request.client_host, who),
-            self._holder(request.client_id, who),
-            list(request.failed_segments),
-            self._keys(request.touched, who),
-        )
-        response = convert.get_reply_to_pb(reply)
-        self._shown((r.status for r in response.results), who, response.segments)
-        return response
+    def get(self, req: calls.Get, who: Principal) -> GetReply:
+        return self._reads.get(
+            self._keys(req.keys, who), req.released, self._host(req.client_host, who),
+            self._holder(req.client_id, who), req.failed_segments, self._keys(req.touched, who),
+        )  # fmt: skip
 
-    def Exists(self, request: pb.ExistsRequest, who: Principal) -> pb.ExistsResponse:
-        return pb.ExistsResponse(exists=self._reads.exists(self._keys(request.keys, who)))
+    def exists(self, req: calls.Exists, who: Principal) -> list[bool]:
+        return self._reads.exists(self._keys(req.keys, who))
 
-    def MatchPrefix(self, request: pb.MatchPrefixRequest, who: Principal) -> pb.MatchPrefixResponse:
-        return pb.MatchPrefixResponse(count=self._reads.match_prefix(self._keys(request.keys, who)))
+    def match_prefix(self, req: calls.MatchPrefix, who: Principal) -> int:
+        return self._reads.match_prefix(self._keys(req.keys, who))
 
-    def Remove(self, request: pb.RemoveRequest, who: Principal) -> pb.RemoveResponse:
-        keys = self._keys(request.keys, who)
-        holder = self._holder(request.client_id, who)
-        results = self._writes.remove(keys, request.force, list(request.released), holder)
-        response = pb.RemoveResponse(results=convert.key_results_to_pb(results))
-        self._shown(response.results, who)
-        return response
+    def remove(self, req: calls.Remove, who: Principal) -> list[KeyResult]:
+        keys = self._keys(req.keys, who)
+        return self._writes.remove(keys, req.force, req.released, self._holder(req.client_id, who))
 
-    def Pin(self, request: pb.PinRequest, who: Principal) -> pb.PinResponse:
-        results = self._writes.pin(self._keys(request.keys, who), request.ttl_ms / 1000)
-        response = pb.PinResponse(results=convert.key_results_to_pb(results))
-        self._shown(response.results, who)
-        return response
+    def pin(self, req: calls.Pin, who: Principal) -> list[KeyResult]:
+        return self._writes.pin(self._keys(req.keys, who), req.ttl_s)
 
-    def Unpin(self, request: pb.UnpinRequest, who: Principal) -> pb.UnpinResponse:
-        response = pb.UnpinResponse(
-            results=convert.key_results_to_pb(self._writes.unpin(self._keys(request.keys, who)))
-        )
-        self._shown(response.results, who)
-        return response
+    def unpin(self, req: calls.Unpin, who: Principal) -> list[KeyResult]:
+        return self._writes.unpin(self._keys(req.keys, who))
 
-    def ClaimMoves(self, request: pb.ClaimMovesRequest, who: Principal) -> pb.ClaimMovesResponse:
-        tasks = self._writes.claim_moves(request.daemon_id, request.max_bytes)
-        return pb.ClaimMovesResponse(tasks=[convert.move_to_pb(t) for t in tasks])
+    def claim_moves(self, req: calls.ClaimMoves, who: Principal) -> list[MoveTask]:
+        return self._writes.claim_moves(req.daemon_id, req.max_bytes)
 
-    def CompleteMoves(self, request: pb.CompleteMovesRequest, who: Principal) -> pb.CompleteMovesResponse:
-        self._writes.complete_moves(request.daemon_id, convert.move_outcomes_from_pb(request.results))
-        return pb.CompleteMovesResponse()
+    def complete_moves(self, req: calls.CompleteMoves, who: Principal) -> None:
+        self._writes.complete_moves(req.daemon_id, req.outcomes)
 
-    def AnnounceBlocks(self, request: pb.AnnounceBlocksRequest, who: Principal) -> pb.AnnounceBlocksResponse:
-        results = self._writes.announce(request.segment_id, convert.blocks_from_pb(request.blocks))
-        return pb.AnnounceBlocksResponse(results=convert.key_results_to_pb(results))
+    def announce_blocks(self, req: calls.AnnounceBlocks, who: Principal) -> list[KeyResult]:
+        return self._writes.announce(req.segment_id, req.blocks)
 
-    def Stats(self, request: pb.StatsRequest, who: Principal) -> pb.StatsResponse:
+    def stats(self, req: calls.Stats, who: Principal) -> StoreStats:
         standing = self.stores.standing()
         store = self.stores.current()
         if store is None or who.unchecked is not None:  # a tenant token no registry here checked
-            response = pb.StatsResponse()
+            stats = StoreStats(0, 0, 0, 0, 0, 0, 0)
         elif who.admin or who.daemon:
-            response = convert.stats_to_pb(store.stats())
+            stats = store.stats()
         else:  # a tenant sees its own keys only
             tenant = store.tenants.by_id(who.tenant)
             if tenant is None:
                 raise InvalidArgument(f"tenant {who.name!r} is gone")
-            response = convert.stats_to_pb(store.tenant_call(lambda st, now: tenant_calls.stats_of(st, tenant)))
-        response.role, response.epoch, response.leader = standing.role, standing.epoch, standing.leader
-        response.shard, response.shards = self.shard.index, self.shard.count
-        response.standbys.extend(standing.standbys)
-        response.redis, response.reconciling, response.writes_open = (
-            standing.redis,
-            standing.reconciling,
-            standing.writes_open,
-        )
-        return response
+            stats = store.tenant_call(lambda st, now: tenant_calls.stats_of(st, tenant))
+        return replace(
+            stats, role=standing.role, epoch=standing.epoch, leader=standing.leader, shard=self.shard.index,
+            shards=self.shard.count, standbys=(*stats.standbys, *standing.standbys), redis=standing.redis,
+            reconciling=standing.reconciling, writes_open=standing.writes_open,
+        )  # fmt: skip
 
-    def ListKeys(self, request: pb.ListKeysRequest, who: Principal) -> pb.ListKeysResponse:
-        for text in filter(None, (request.prefix, request.cursor)):
+    def list_keys(self, req: calls.ListKeys, who: Principal) -> KeyListing:
+        for text in filter(None, (req.prefix, req.cursor)):
             validate_keys([text])
         ns = namespace(who.tenant)
-        cursor = ns + request.cursor if request.cursor else ""
+        cursor = ns + req.cursor if req.cursor else ""
         hidden = "\0" if who.tenant == DEFAULT_ID else ""  # the default tenant's keys have no namespace
-        listing = self._reads.list_keys(ns + request.prefix, request.limit, cursor, hidden)
-        response = wire_keys.listing_to_pb(listing)
-        if ns:
-            keys = [k[len(ns) :] for k in response.keys]
-            del response.keys[:]
-            response.keys.extend(keys)
-            response.next_cursor = response.next_cursor[len(ns) :]
-        return response
+        found = self._reads.list_keys(ns + req.prefix, req.limit, cursor, hidden)
+        if not ns:
+            return found
+        return replace(found, keys=tuple(k[len(ns) :] for k in found.keys), next_cursor=found.next_cursor[len(ns) :])
 
-    def Describe(self, request: pb.DescribeRequest, who: Principal) -> pb.DescribeResponse:
-        infos = self._reads.describe(self._keys(request.keys, who))
-        response = pb.DescribeResponse(keys=[wire_keys.key_info_to_pb(i) for i in infos])
-        self._shown((k.status for k in response.keys), who)
-        return response
+    def describe(self, req: calls.Describe, who: Principal) -> list[KeyInfo]:
+        return self._reads.describe(self._keys(req.keys, who))
 
     # -- tenants (the admin's) -------------------------------------------------------------------
 
-    def TenantAdd(self, request: pb.TenantAddRequest, who: Principal) -> pb.TenantAddResponse:
-        spec = tenant_calls.spec(tenant_info.tenant_from_pb(request.tenant))
+    def tenant_add(self, req: calls.TenantAdd, who: Principal) -> TenantInfo:
+        spec = tenant_calls.spec(req.tenant)
 
-        def add(st: Any, now: float) -> Any:
-            return tenant_calls.info(st, st.tenants.add(spec, request.update, request.keep_id))
+        def add(st: Any, now: float) -> TenantInfo:
+            return tenant_calls.info(st, st.tenants.add(spec, req.update, req.keep_id))
 
-        return pb.TenantAddResponse(tenant=tenant_info.tenant_to_pb(self._writes.tenant_call(add, changes=True)))
+        return self._writes.tenant_call(add, changes=True)
 
-    def TenantToken(self, request: pb.TenantTokenRequest, who: Principal) -> pb.TenantTokenResponse:
-        ttl_s = request.ttl_ms / 1000
+    def tenant_token(self, req: calls.TenantToken, who: Principal) -> tuple[str, str]:
         token_id, token = self._writes.tenant_call(
-            lambda st, now: st.tenants.make_token(request.name, now, ttl_s, request.token), True
+            lambda st, now: st.tenants.make_token(req.name, now, req.ttl_s, req.token), True
         )
-        return pb.TenantTokenResponse(token=token, token_id=token_id)
+        return token_id, token
 
-    def TenantRevoke(self, request: pb.TenantRevokeRequest, who: Principal) -> pb.TenantRevokeResponse:
-        revoked = self._writes.tenant_call(lambda st, now: st.tenants.revoke(request.name, request.token_id), True)
-        return pb.TenantRevokeResponse(revoked=revoked)
+    def tenant_revoke(self, req: calls.TenantRevoke, who: Principal) -> int:
+        revoked: int = self._writes.tenant_call(lambda st, now: st.tenants.revoke(req.name, req.token_id), True)
+        return revoked
 
-    def TenantList(self, request: pb.TenantListRequest, who: Principal) -> pb.TenantListResponse:
-        infos = self._reads.tenant_call(lambda st, now: [tenant_calls.info(st, t) for t in st.tenants.all()])
-        return pb.TenantListResponse(tenants=[tenant_info.tenant_to_pb(i) for i in infos])
+    def tenant_list(self, req: calls.TenantList, who: Principal) -> list[TenantInfo]:
+        return self._reads.tenant_call(lambda st, now: [tenant_calls.info(st, t) for t in st.tenants.all()])

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from kvstore.errors import ErrorCode, InvalidArgument, KVStoreError, NotLeader, Unavailable, WrongShard, error_for
 from kvstore.results import (
     Block,
-    DaemonStats,
     GetReply,
     GetResult,
     HeartbeatReply,
@@ -23,9 +22,7 @@ from kvstore.results import (
     PutStartResult,
     PutWritten,
     Reserved,
-    ServiceInfo,
-    StoreStats,
-    TierStats,
+    ServiceInfoReply,
 )
 from kvstore.shards import ShardMap
 from kvstore.types import Endpoint, Grant, GrantMode, MoveKind, MoveTask, SegmentInfo, Tier
@@ -228,6 +225,10 @@ def get_reply_from_pb(msg: pb.GetResponse) -> GetReply:
 # -- daemons ---------------------------------------------------------------------------------------
 
 
+def heartbeat_reply_to_pb(reply: HeartbeatReply) -> pb.HeartbeatResponse:
+    return pb.HeartbeatResponse(unknown_segment_ids=reply.unknown_segment_ids, ttl_ms=reply.ttl_ms)
+
+
 def heartbeat_reply_from_pb(msg: pb.HeartbeatResponse) -> HeartbeatReply:
     return HeartbeatReply(tuple(msg.unknown_segment_ids), msg.ttl_ms)
 
@@ -272,87 +273,25 @@ def blocks_from_pb(msgs: Iterable[pb.AnnouncedBlock]) -> list[Block]:
     return [Block(m.key, m.offset, m.size, m.checksum) for m in msgs]
 
 
-def service_info_from_pb(msg: pb.ServiceInfoResponse) -> ServiceInfo:
+def service_info_to_pb(info: ServiceInfoReply) -> pb.ServiceInfoResponse:
+    shards = info.shards
+    return pb.ServiceInfoResponse(
+        version=info.version,
+        fast_lane_port=info.fast_lane_port,
+        role=info.role,
+        epoch=info.epoch,
+        leader=info.leader,
+        shard=info.shard,
+        shards=shards.count if shards is not None else 1,
+        shard_addresses=shards.addresses if shards is not None else (),
+        map_epoch=shards.epoch if shards is not None else 0,
+    )
+
+
+def service_info_from_pb(msg: pb.ServiceInfoResponse) -> ServiceInfoReply:
     addresses = tuple(msg.shard_addresses) + ("",) * (msg.shards - len(msg.shard_addresses))  # not all known yet
     shards = ShardMap(addresses, msg.map_epoch) if msg.shards > 1 else None
-    return ServiceInfo(msg.version, msg.fast_lane_port, msg.role, msg.epoch, msg.leader, msg.shard, shards)
-
-
-# -- statistics ------------------------------------------------------------------------------------
-
-
-def stats_to_pb(s: StoreStats) -> pb.StatsResponse:
-    return pb.StatsResponse(
-        keys=s.keys,
-        pending=s.pending,
-        capacity=s.capacity,
-        used=s.used,
-        evictions=s.evictions,
-        revoked_puts=s.revoked_puts,
-        leased=s.leased,
-        pinned=s.pinned,
-        under_replicated=s.under_replicated,
-        quarantined_bytes=s.quarantined_bytes,
-        tenant=s.tenant,
-        shard=s.shard,
-        shards=s.shards,
-        tiers=[
-            pb.TierStats(
-                tier=tier_to_pb(t.tier),
-                capacity=t.capacity,
-                used=t.used,
-                blocks=t.blocks,
-                hits=t.hits,
-                evictions=t.evictions,
-                demotions=t.demotions,
-                promotions=t.promotions,
-            )
-            for t in s.tiers
-        ],
-        daemons=[
-            pb.DaemonInfo(
-                daemon_id=d.daemon_id,
-                last_heartbeat_ms=int(d.last_heartbeat * 1000),
-                segments=[segment_to_pb(x) for x in d.segments],
-            )
-            for d in s.daemons
-        ],
-    )
-
-
-def stats_from_pb(msg: pb.StatsResponse) -> StoreStats:
-    return StoreStats(
-        keys=msg.keys,
-        pending=msg.pending,
-        capacity=msg.capacity,
-        used=msg.used,
-        evictions=msg.evictions,
-        revoked_puts=msg.revoked_puts,
-        leased=msg.leased,
-        pinned=msg.pinned,
-        under_replicated=msg.under_replicated,
-        quarantined_bytes=msg.quarantined_bytes,
-        role=msg.role,
-        epoch=msg.epoch,
-        leader=msg.leader,
-        standbys=tuple(msg.standbys),
-        redis=msg.redis,
-        reconciling=msg.reconciling,
-        writes_open=msg.writes_open,
-        tenant=msg.tenant,
-        shard=msg.shard,
-        shards=msg.shards or 1,
-        tiers=tuple(
-            TierStats(
-                tier_from_pb(t.tier), t.capacity, t.used, t.blocks, t.hits, t.evictions, t.demotions, t.promotions
-            )
-            for t in msg.tiers
-        ),
-        daemons=tuple(
-            DaemonStats(d.daemon_id, d.last_heartbeat_ms / 1000, tuple(segment_from_pb(s) for s in d.segments))
-            for d in msg.daemons
-        ),
-    )
+    return ServiceInfoReply(msg.version, msg.fast_lane_port, msg.role, msg.epoch, msg.leader, msg.shard, shards)
 
 
 # -- errors ----------------------------------------------------------------------------------------

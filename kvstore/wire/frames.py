@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from google.protobuf.message import Message
 
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire.calls import CALLS
 
 PROTOCOL = 2  # 1: method ids by declaration order, grpc status codes, no hello
 REQUEST = struct.Struct("<IH2x")
@@ -35,33 +36,8 @@ MAX_FRAME = 64 << 20
 OK = 0
 HELLO = 0
 
-METHOD_IDS: dict[str, int] = {
-    "MountSegment": 1,
-    "UnmountSegment": 2,
-    "Heartbeat": 3,
-    "PutStart": 4,
-    "PutEnd": 5,
-    "PutRevoke": 6,
-    "Get": 7,
-    "Exists": 8,
-    "MatchPrefix": 9,
-    "Remove": 10,
-    "Pin": 11,
-    "Unpin": 12,
-    "ClaimMoves": 13,
-    "CompleteMoves": 14,
-    "AnnounceBlocks": 15,
-    "Stats": 16,
-    "ServiceInfo": 17,
-    "ListKeys": 18,
-    "Describe": 19,
-    "TenantAdd": 20,
-    "TenantToken": 21,
-    "TenantRevoke": 22,
-    "TenantList": 23,
-    "Reserve": 24,
-    "PutCommit": 25,
-}
+# Each call's id is its class's (kvstore.wire.calls), pinned there (and by a test).
+METHOD_IDS: dict[str, int] = {name: cls.method_id for name, cls in CALLS.items()}
 
 
 class Method(NamedTuple):

@@ -11,6 +11,7 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import ChecksumMismatch, KeyNotFound, TransportError
+from kvstore.wire.calls import Get
 from tests.cluster import wait_until
 from tests.conformance.conftest import FAST_LIVENESS, GPU_TIERS, SERVE_ALL, _tls
 from tests.inprocess import InProcessStore
@@ -96,7 +97,7 @@ def test_corrupted_replica_is_detected(client, settle, tier):
     key = f"{ns()}/corrupt"
     client.put(key, payload(1, 4096))
     settle(client)
-    reply = client.meta.get([key])
+    reply = client.meta.call(Get([key]))
     grant = reply.results[0].grants[0]
     seg = reply.segments[grant.segment_id]
     path = seg.endpoint("shm").address.split("|")[-1]

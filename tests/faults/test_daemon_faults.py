@@ -9,6 +9,7 @@ import time
 
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
+from kvstore.wire.calls import Get
 from tests.cluster import wait_until
 
 FAST_TTL = {"KVSTORE_META_HEARTBEAT_TTL_S": "3", "KVSTORE_META_SUSPECT_TTL_S": "30"}
@@ -19,8 +20,8 @@ def value(i: int, size: int = 64 << 10) -> bytes:
 
 
 def replicas(client: KVClient, key: str) -> set[str]:
-    got = client.meta.get([key], client_id="probe").results[0]
-    client.meta.get([], released=[got.lease_id], client_id="probe")
+    got = client.meta.call(Get([key], client_id="probe")).results[0]
+    client.meta.call(Get([], released=[got.lease_id], client_id="probe"))
     return {got_segment.split("-dram")[0] for got_segment in (g.segment_id for g in got.grants)}
 
 

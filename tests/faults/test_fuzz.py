@@ -14,6 +14,7 @@ from kvstore.config import ClientConfig
 from kvstore.metaclient.client import MetaClient
 from kvstore.transport import tcp_wire
 from kvstore.wire import frames as fastrpc
+from kvstore.wire.calls import ServiceInfo
 from tests.cluster import ADMIN_TOKEN, Cluster
 from tests.meta_helpers import endpoint_address
 
@@ -28,7 +29,7 @@ def target():
         client.put_many(list(COMMITTED), list(COMMITTED.values()))
         segment = client.stats().daemons[0].segments[0]
         tcp = endpoint_address(segment, "tcp")
-    lane = MetaClient(meta).service_info().fast_lane_port
+    lane = MetaClient(meta).call(ServiceInfo()).fast_lane_port
     yield meta, lane, tcp
     with KVClient(meta, ClientConfig(transports=("tcp",))) as client:
         assert client.get_many(list(COMMITTED)) == list(COMMITTED.values())

@@ -17,6 +17,7 @@ from kvstore.results import PutWritten
 from kvstore.transport.base import Transfer
 from kvstore.transport.tcp_client import TcpTransport
 from kvstore.transport.tcp_wire import REPLY_HEADER, encode_request, recv_exact
+from kvstore.wire.calls import Get, PutEnd, PutStart, Remove
 from tests.cluster import wait_until
 from tests.meta_helpers import endpoint_address
 
@@ -33,12 +34,12 @@ def one_segment(faults):
 
 
 def tcp_put(meta: MetaClient, tcp: TcpTransport, key: str, data: bytes):
-    reply = meta.put_start([key], [len(data)])
+    reply = meta.call(PutStart([key], [len(data)]))
     [result] = reply.results
     [grant] = result.grants
     segment = reply.segments[grant.segment_id]
     written = tcp.write(segment, [Transfer(grant, memoryview(data))], time.monotonic() + 10)
-    meta.put_end([key], [checksum(data)], [PutWritten(0, tuple(written.receipts or ()))])
+    meta.call(PutEnd([key], [checksum(data)], [PutWritten(0, tuple(written.receipts or ()))]))
     return grant, segment
 
 
@@ -56,10 +57,10 @@ def test_an_old_read_grant_never_returns_another_keys_bytes(faults, one_segment)
     with MetaClient(one_segment) as meta, KVClient(one_segment, ClientConfig(transports=("tcp",))) as client:
         tcp = TcpTransport()
         tcp_put(meta, tcp, "a", b"A" * SIZE)
-        got = meta.get(["a"], client_id="reader")
+        got = meta.call(Get(["a"], client_id="reader"))
         [result] = got.results
         old, segment = result.grants[0], got.segments[result.grants[0].segment_id]
-        meta.remove(["a"], released=[result.lease_id], client_id="reader")  # done reading, key gone
+        meta.call(Remove(["a"], released=[result.lease_id], client_id="reader"))  # done reading, key gone
         seen_refusal = False
         deadline = time.monotonic() + 20
         placed = 0
@@ -93,7 +94,7 @@ def _put_ok(client: KVClient, key: str, data: bytes) -> bool:
 
 def test_a_stalled_writer_is_cut_off_at_its_grant_and_others_are_served(faults, one_segment):
     with MetaClient(one_segment) as meta, KVClient(one_segment, ClientConfig(transports=("tcp",))) as client:
-        reply = meta.put_start(["slow"], [SIZE])
+        reply = meta.call(PutStart(["slow"], [SIZE]))
         [grant] = reply.results[0].grants
         address = endpoint_address(reply.segments[grant.segment_id], "tcp")
         host, port = address.rsplit(":", 1)
@@ -118,7 +119,7 @@ def test_a_daemon_refuses_a_read_grant_once_it_expired(faults, one_segment):
     with MetaClient(one_segment) as meta:
         tcp = TcpTransport()
         tcp_put(meta, tcp, "a", b"A" * 4096)
-        got = meta.get(["a"], client_id="r")
+        got = meta.call(Get(["a"], client_id="r"))
         grant = got.results[0].grants[0]
         host, port = endpoint_address(got.segments[grant.segment_id], "tcp").rsplit(":", 1)
         wait_until(lambda: grant.expires_ms < time.time() * 1000 - 100, timeout=10, what="the grant to expire")

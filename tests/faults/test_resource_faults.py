@@ -20,6 +20,7 @@ from kvstore.metaclient.client import MetaClient
 from kvstore.transport import tcp_wire
 from kvstore.types import MAX_BATCH_KEYS
 from kvstore.wire import frames as fastrpc
+from kvstore.wire.calls import ServiceInfo
 from tests.cluster import ADMIN_TOKEN, wait_until
 from tests.faults.conftest import rss_kib
 from tests.meta_helpers import endpoint_address
@@ -33,7 +34,7 @@ def served(faults):
 
 def test_frames_announcing_64_mib_cost_the_fast_lane_nothing_until_they_arrive(served):
     proc, meta = served
-    port = MetaClient(meta).service_info().fast_lane_port
+    port = MetaClient(meta).call(ServiceInfo()).fast_lane_port
     host = meta.rsplit(":", 1)[0]
     before = rss_kib(proc)
     socks = []
@@ -76,7 +77,7 @@ def test_connections_past_the_cap_are_refused_typed_and_others_are_served(faults
     caps = {"KVSTORE_META_MAX_CONNECTIONS_PER_PEER": "6"}
     _, meta = faults.meta(caps)
     faults.daemon(meta, "64MiB")
-    port = MetaClient(meta).service_info().fast_lane_port
+    port = MetaClient(meta).call(ServiceInfo()).fast_lane_port
     host = meta.rsplit(":", 1)[0]
     held = [socket.create_connection((host, port), timeout=10) for _ in range(6)]
     wait_until(lambda: _refused(host, port), what="a connection past the cap to be refused")

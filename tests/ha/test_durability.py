@@ -15,6 +15,7 @@ from kvstore.meta.journal import Changes
 from kvstore.meta.redisdb import RedisRecords
 from kvstore.metaclient.client import MetaClient
 from kvstore.metaclient.rediskeys import Keys, connect
+from kvstore.wire.calls import Stats
 from tests.cluster import Cluster, wait_until
 from tests.ha.conftest import meta_on
 from tests.redis_server import RedisServer
@@ -53,8 +54,8 @@ def test_replicas_that_redis_does_not_have_are_refused(ha: Cluster, aof_everysec
 def test_run_unchecked_it_says_so_in_stat_and_metrics(ha: Cluster, bare_redis):
     _, address, admin = meta_on(ha, bare_redis, env={"KVSTORE_META_DURABILITY_UNCHECKED": "1"})
     with MetaClient(address, timeout_s=2) as meta:
-        wait_until(lambda: _stats(meta) is not None and meta.stats().role == "leader", 30, "a leader")
-        stats = meta.stats()
+        wait_until(lambda: _stats(meta) is not None and meta.call(Stats()).role == "leader", 30, "a leader")
+        stats = meta.call(Stats())
     assert "durability everysec UNCHECKED" in stats.redis and "appendonly no" in stats.redis
     with urllib.request.urlopen(f"http://{admin}/metrics", timeout=5) as response:
         assert "kvstore_meta_durability_unchecked 1.0" in response.read().decode()
@@ -62,7 +63,7 @@ def test_run_unchecked_it_says_so_in_stat_and_metrics(ha: Cluster, bare_redis):
 
 def _stats(meta: MetaClient):
     try:
-        return meta.stats()
+        return meta.call(Stats())
     except KVStoreError:
         return None
 

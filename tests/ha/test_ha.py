@@ -20,6 +20,7 @@ from kvstore.errors import KVStoreError, NotLeader, Unavailable
 from kvstore.metaclient.channel import MetaChannel
 from kvstore.metaclient.client import MetaClient
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire.calls import ServiceInfo, Stats, TenantAdd, TenantRevoke, TenantToken
 from tests.cluster import ADMIN_TOKEN, spawn, wait_until
 from tests.ha.conftest import FAST, meta_on
 
@@ -33,7 +34,7 @@ def leader_of(*addresses: str) -> str | None:
     for address in addresses:
         try:
             with MetaClient(address, timeout_s=1) as meta:
-                info = meta.service_info()
+                info = meta.call(ServiceInfo())
             if info.role == "leader":
                 return address
         except KVStoreError:
@@ -44,7 +45,7 @@ def leader_of(*addresses: str) -> str | None:
 def writes_open(address: str) -> bool:
     try:
         with MetaClient(address, timeout_s=1) as meta:
-            stats = meta.stats()
+            stats = meta.call(Stats())
         return stats.writes_open and stats.reconciling == 0
     except KVStoreError:
         return False
@@ -277,11 +278,11 @@ def test_tenants_and_their_tokens_survive_a_restart_on_redis(ha, redis):
     ha.daemon(address, "64MiB", FAST)
     wait_until(lambda: writes_open(address), timeout=30, what="the first leader to open")
     with MetaClient(address) as admin:
-        admin.tenant_add(TenantInfo("kept", quotas={Tier.DRAM: 1 << 20}))
-        admin.tenant_add(TenantInfo("dropped"))
-        _, kept = admin.tenant_token("kept")
-        _, dropped = admin.tenant_token("dropped")
-        admin.tenant_revoke("dropped")
+        admin.call(TenantAdd(TenantInfo("kept", quotas={Tier.DRAM: 1 << 20})))
+        admin.call(TenantAdd(TenantInfo("dropped")))
+        _, kept = admin.call(TenantToken("kept"))
+        _, dropped = admin.call(TenantToken("dropped"))
+        admin.call(TenantRevoke("dropped"))
     with KVClient(address, ClientConfig(token=kept)) as client:
         client.put("mine", b"tenant bytes")
     proc.kill()

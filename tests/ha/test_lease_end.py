@@ -20,6 +20,7 @@ from kvstore.meta.ha import Replicated
 from kvstore.meta.leader import Role
 from kvstore.meta.store import MetaStore
 from kvstore.metaclient.client import MetaClient
+from kvstore.wire.calls import Exists, Get, Heartbeat, MatchPrefix, Stats
 from tests.cluster import SECRET, Cluster, wait_until
 from tests.ha.conftest import FAST, meta_on
 from tests.redis_server import RedisServer
@@ -47,13 +48,13 @@ def test_a_leader_cut_off_from_redis_answers_no_read_and_no_heartbeat_past_its_l
     ha.daemon(address, "64MiB", FAST)
     daemon = MetaClient(address, timeout_s=2, token=tokens.daemon_token(SECRET.encode()))
     with MetaClient(address, timeout_s=2) as meta, daemon:
-        wait_until(lambda: meta.stats().writes_open, 30, "writes open")
-        assert _answer(lambda: meta.get(["nothing"])) == "ok"
+        wait_until(lambda: meta.call(Stats()).writes_open, 30, "writes open")
+        assert _answer(lambda: meta.call(Get(["nothing"]))) == "ok"
         redis.kill()  # the leader can no longer renew its lease; a standby elsewhere could lead
-        wait_until(lambda: _answer(lambda: meta.get(["nothing"])) == "unavailable", 30, "reads refused")
-        assert _answer(lambda: daemon.heartbeat("d-probe", [])) == "unavailable"
-        assert _answer(lambda: meta.exists(["nothing"])) == "unavailable"
-        assert _answer(lambda: meta.match_prefix(["nothing"])) == "unavailable"
+        wait_until(lambda: _answer(lambda: meta.call(Get(["nothing"]))) == "unavailable", 30, "reads refused")
+        assert _answer(lambda: daemon.call(Heartbeat("d-probe", []))) == "unavailable"
+        assert _answer(lambda: meta.call(Exists(["nothing"]))) == "unavailable"
+        assert _answer(lambda: meta.call(MatchPrefix(["nothing"]))) == "unavailable"
 
 
 def test_between_its_lease_end_and_its_step_down_a_leader_answers_nothing(redis):
@@ -87,8 +88,10 @@ def test_a_store_with_no_earlier_leader_opens_for_writes_at_once(ha: Cluster, re
     }  # a takeover would wait 32 s
     _, address, _ = meta_on(ha, redis, env=long_grants)
     with MetaClient(address, timeout_s=2) as meta:
-        wait_until(lambda: _answer(meta.stats) == "ok" and meta.stats().role == "leader", 30, "a leader")
-        assert meta.stats().writes_open  # nobody signed a grant before it: nothing to wait out
+        wait_until(
+            lambda: _answer(lambda: meta.call(Stats())) == "ok" and meta.call(Stats()).role == "leader", 30, "a leader"
+        )
+        assert meta.call(Stats()).writes_open  # nobody signed a grant before it: nothing to wait out
 
 
 def _replicated(redis: RedisServer, make) -> Replicated:
@@ -177,6 +180,6 @@ def test_a_new_leader_takes_puts_at_once(ha: Cluster, redis):
         a.kill()
         wait_until(lambda: leader_of(addr_b), 30, "the standby to lead")
         with MetaClient(addr_b, timeout_s=2) as meta:
-            assert meta.stats().writes_open  # nothing to wait out but the space old grants reach
+            assert meta.call(Stats()).writes_open  # nothing to wait out but the space old grants reach
         client.put("after", b"a" * 4096)
         assert client.get("after") == b"a" * 4096 and client.get("before") == b"b" * 4096

@@ -13,6 +13,7 @@ from kvstore.types import Grant, GrantMode
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
 from kvstore.wire import convert
+from kvstore.wire.calls import Get
 from tests.cluster import authed_channel
 
 COMMITTED = {f"keep/{i}": bytes([i]) * (1000 + i) for i in range(20)}
@@ -98,7 +99,7 @@ def test_full_store_with_everything_leased_is_no_space(client):
     written = []
 
     def lease(keys):  # a Get whose reader is still copying: leased
-        client.meta.get(keys)
+        client.meta.call(Get(keys))
 
     lease(list(COMMITTED))  # a full store would evict them otherwise
     with pytest.raises(NoSpace):

@@ -15,6 +15,7 @@ from kvstore.client import KVClient
 from kvstore.client.staging import HostStaging
 from kvstore.config import ClientConfig
 from kvstore.errors import ChecksumMismatch, InvalidArgument, KeyNotFound
+from kvstore.wire.calls import Get
 from tests.cluster import Cluster, wait_until
 from tests.conformance.conftest import ALL_ON_SSD
 
@@ -153,7 +154,7 @@ def test_corrupt_bytes_never_reach_the_tensor(client, device, settle):
     [src] = values(5, 1)
     client.put(key, on(device, src))
     settle(client)
-    reply = client.meta.get([key])
+    reply = client.meta.call(Get([key]))
     grant = reply.results[0].grants[0]
     path = reply.segments[grant.segment_id].endpoint("shm").address.split("|")[-1]
     with open(path, "r+b") as fh:

@@ -11,6 +11,7 @@ from kvstore.errors import ErrorCode, InvalidArgument, KeyNotFound
 from kvstore.metaclient.client import MetaClient
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.wire import frames as fastrpc
+from kvstore.wire.calls import Exists, PutStart, ServiceInfo
 from tests.cluster import ADMIN_TOKEN, Cluster, wait_until
 
 
@@ -24,7 +25,7 @@ def served():
 
 def lane_port(address: str) -> int:
     with MetaClient(address) as meta:
-        return meta.service_info().fast_lane_port
+        return meta.call(ServiceInfo()).fast_lane_port
 
 
 def read_frame(sock: socket.socket) -> tuple[int, bytes]:
@@ -59,7 +60,7 @@ def test_both_lanes_give_the_same_answers(served):
             with pytest.raises(KeyNotFound):
                 c.get("lane/missing")
             with pytest.raises(InvalidArgument):
-                c.meta.put_start(["x"], [])
+                c.meta.call(PutStart(["x"], []))
         assert fast.meta.fast_lane_port == lane_port(served) and slow.meta.fast_lane_port == 0
 
 
@@ -108,14 +109,14 @@ def test_a_restarted_service_is_found_on_its_new_lane_port(tmp_path):
         proc, address = cluster.meta()
         port = address.rsplit(":", 1)[1]
         with MetaClient(address, timeout_s=2) as meta:
-            assert meta.exists(["k"]) == [False]
+            assert meta.call(Exists(["k"])) == [False]
             first = meta.fast_lane_port
             assert first
             proc.kill()
             cluster.meta(None, "--port", port)  # same gRPC port, a new fast-lane port
             wait_until(lambda: _answers(meta), what="the restarted service to answer")
             wait_until(
-                lambda: meta.exists(["k"]) == [False] and meta.fast_lane_port not in (0, first),
+                lambda: meta.call(Exists(["k"])) == [False] and meta.fast_lane_port not in (0, first),
                 timeout=20,
                 what="the client to find the new fast lane",
             )
@@ -126,7 +127,7 @@ def test_a_restarted_service_is_found_on_its_new_lane_port(tmp_path):
 
 def _answers(meta: MetaClient) -> bool:
     try:
-        meta.exists(["k"])
+        meta.call(Exists(["k"]))
         return True
     except Exception:  # noqa: BLE001 - not yet
         return False

@@ -17,6 +17,7 @@ from kvstore.config import ClientConfig, DaemonConfig
 from kvstore.errors import ChecksumMismatch, KeyNotFound
 from kvstore.storage.gpu import GpuSegment
 from kvstore.types import Tier
+from kvstore.wire.calls import Get
 from tests.cluster import SECRET, wait_until
 
 torch = pytest.importorskip("torch")
@@ -119,7 +120,7 @@ def test_demotion_to_dram_and_promotion_back(cluster, gpu_env, device):
             assert np.array_equal(o.cpu().numpy(), block(int(k.split("/")[1]), MIB - 4096)), k
         c.get_many_into(keys[:1], outs[:1])  # d/0 went first: read twice, it is hot
         wait_until(lambda: tier_stats(c)[Tier.GPU].promotions >= 1, what="d/0 promoted back to the GPU")
-        reply = c.meta.get(keys[:1])
+        reply = c.meta.call(Get(keys[:1]))
         assert reply.segments[reply.results[0].grants[0].segment_id].tier is Tier.GPU
         assert c.get(keys[0]) == block(0, MIB - 4096).tobytes()
 
@@ -165,7 +166,7 @@ def test_corrupt_gpu_bytes_are_detected(cluster, device):
     try:
         with client_for(address, device) as c:
             c.put("c", tensor_on(device, block(7, 50_000)))
-            reply = c.meta.get(["c"])
+            reply = c.meta.call(Get(["c"]))
             grant = reply.results[0].grants[0]
             seg = daemon.segment(grant.segment_id)
             assert isinstance(seg, GpuSegment) and seg.tier is Tier.GPU

@@ -6,6 +6,7 @@ import threading
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import KVStoreError
+from kvstore.wire.calls import Get
 from tests.cluster import wait_until
 from tests.meta_helpers import endpoint_address
 from tests.workers import block
@@ -107,7 +108,7 @@ def test_ssd_blocks_survive_daemon_restart_and_corruption_is_dropped(cluster, tm
         # DRAM settles anywhere below its high watermark (up to 25 of these blocks, depending on
         # when the meta's tick lands), so only 40 - 25 = 15 blocks are sure to reach SSD.
         wait_until(lambda: tier_stats(c)["ssd"].blocks >= 10, what="blocks on SSD")
-        reply = c.meta.get(keys)
+        reply = c.meta.call(Get(keys))
         segments = reply.segments
         on_ssd = [
             (k, r.grants[0])

@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 from kvstore.client import KVClient, PermissionDenied
 from kvstore.config import ClientConfig
 from kvstore.transport.base import Transfer
+from kvstore.wire.calls import Get, PutRevoke, PutStart
 from tests.cluster import wait_until
 from tests.observability.scrape import Scrape, scrape, serve_observed
 
@@ -40,12 +41,12 @@ def workload():
             assert kv.pin(keys[:2], 60) == [None, None]
             with pytest.raises(Exception, match="positive ttl"):
                 kv.pin(keys[:1], 0)  # refused whole: INVALID_ARGUMENT
-            reply = kv.meta.put_start(["obs/revoked", "obs/huge"], [KIB, 1 << 40])
+            reply = kv.meta.call(PutStart(["obs/revoked", "obs/huge"], [KIB, 1 << 40]))
             assert reply.results[1].code.name == "INVALID_ARGUMENT"  # a put refusal
-            kv.meta.put_revoke(["obs/revoked"])  # a revoked put
+            kv.meta.call(PutRevoke(["obs/revoked"]))  # a revoked put
             # A forged read grant: the daemon refuses it, the client counts the failure.
-            good = kv.meta.get([keys[0]]).results[0]
-            segment = kv.meta.get([keys[0]]).segments[good.grants[0].segment_id]
+            good = kv.meta.call(Get([keys[0]])).results[0]
+            segment = kv.meta.call(Get([keys[0]])).segments[good.grants[0].segment_id]
             forged = dataclasses.replace(good.grants[0], mac=bytes(len(good.grants[0].mac)))
             with pytest.raises(PermissionDenied):
                 kv.transport("tcp").read(segment, [Transfer(forged, memoryview(bytearray(SIZE)))], time.monotonic() + 5)

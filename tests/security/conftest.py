@@ -6,6 +6,7 @@ import pytest
 
 from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
+from kvstore.wire.calls import TenantAdd, TenantToken
 from tests.cluster import Cluster
 
 
@@ -17,7 +18,7 @@ def tenants() -> Iterator[tuple[str, dict[str, str]]]:
     made = {}
     with MetaClient(address) as admin:
         for name, trust in (("a", False), ("b", False), ("t", True)):
-            admin.tenant_add(TenantInfo(name, trust_shm=trust))
-            made[name] = admin.tenant_token(name)[1]
+            admin.call(TenantAdd(TenantInfo(name, trust_shm=trust)))
+            made[name] = admin.call(TenantToken(name))[1]
     yield address, made
     cluster.close()

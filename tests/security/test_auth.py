@@ -21,6 +21,7 @@ from kvstore.results import TenantInfo
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
 from kvstore.wire import frames
+from kvstore.wire.calls import Heartbeat, ServiceInfo, Stats, TenantAdd, TenantList, TenantRevoke, TenantToken
 from tests.cluster import ADMIN_TOKEN, Cluster, authed_channel, wait_until
 
 
@@ -67,7 +68,7 @@ def test_grpc_without_metadata_is_unauthenticated(tenants):
 
 def test_the_fast_lane_closes_a_connection_whose_hello_has_a_bad_token(tenants):
     address, made = tenants
-    port = MetaClient(address).service_info().fast_lane_port
+    port = MetaClient(address).call(ServiceInfo()).fast_lane_port
     for token in bad_tokens(made["a"]):
         status, _body, closed = hello(port, token)
         too_long = len(token) > 4000  # over the HELLO frame's size: refused before it is read
@@ -79,17 +80,17 @@ def test_the_fast_lane_closes_a_connection_whose_hello_has_a_bad_token(tenants):
 def test_a_revoked_token_is_refused_at_once_even_on_an_open_fast_lane_connection(tenants):
     address, _ = tenants
     with MetaClient(address) as admin:
-        admin.tenant_add(TenantInfo("revoked"))
-        _, token = admin.tenant_token("revoked")
+        admin.call(TenantAdd(TenantInfo("revoked")))
+        _, token = admin.call(TenantToken("revoked"))
         with KVClient(address, ClientConfig(token=token, transports=("tcp",))) as client:
             client.put("r/1", b"one")
             assert client.meta.fast_lane_port  # the connection is open and pooled
-            assert admin.tenant_revoke("revoked") == 1
+            assert admin.call(TenantRevoke("revoked")) == 1
             with pytest.raises(Unauthenticated):
                 client.exists_many(["r/1"])
             with pytest.raises(Unauthenticated):
                 client.get("r/1")
-        _, again = admin.tenant_token("revoked")  # the tenant's keys stay; a new token reaches them
+        _, again = admin.call(TenantToken("revoked"))  # the tenant's keys stay; a new token reaches them
         with KVClient(address, ClientConfig(token=again, transports=("tcp",))) as client:
             assert client.get("r/1") == b"one"
 
@@ -97,8 +98,8 @@ def test_a_revoked_token_is_refused_at_once_even_on_an_open_fast_lane_connection
 def test_an_expired_token_is_refused(tenants):
     address, _ = tenants
     with MetaClient(address) as admin:
-        admin.tenant_add(TenantInfo("brief"))
-        _, token = admin.tenant_token("brief", ttl_s=1.0)
+        admin.call(TenantAdd(TenantInfo("brief")))
+        _, token = admin.call(TenantToken("brief", ttl_s=1.0))
     with KVClient(address, ClientConfig(token=token, fast_lane=False)) as client:
         client.exists_many(["k"])
         deadline = time.monotonic() + 30  # the service's clock decides; wait for it to pass
@@ -119,12 +120,12 @@ def test_tenants_cannot_do_what_the_admin_and_daemons_do(tenants):
     address, made = tenants
     with MetaClient(address, token=made["a"]) as a:
         with pytest.raises(PermissionDenied):
-            a.tenant_list()
+            a.call(TenantList())
         with pytest.raises(PermissionDenied):
-            a.tenant_token("a")
+            a.call(TenantToken("a"))
         with pytest.raises(PermissionDenied):
-            a.heartbeat("some-daemon", [])
-        stats = a.stats()
+            a.call(Heartbeat("some-daemon", []))
+        stats = a.call(Stats())
     assert stats.tenant == "a" and not stats.daemons
 
 

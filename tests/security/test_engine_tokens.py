@@ -13,6 +13,7 @@ from kvstore.config import ClientConfig
 from kvstore.engines.launch import Fleet
 from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
+from kvstore.wire.calls import TenantAdd, TenantToken
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +22,8 @@ def test_a_pd_pair_with_a_tenant_token_keeps_its_kv_in_its_namespace_and_the_tok
     with Fleet() as fleet:
         _, meta = fleet.store("256MiB")
         with MetaClient(meta) as admin:
-            admin.tenant_add(TenantInfo("serving"))
-            _, token = admin.tenant_token("serving")
+            admin.call(TenantAdd(TenantInfo("serving")))
+            _, token = admin.call(TenantToken("serving"))
         env = {"KVSTORE_TOKEN": token}
         prefill_proc, prefill = fleet.engine("prefill", meta, env=env)
         decode_proc, decode = fleet.engine("decode", meta, env=env)

@@ -17,6 +17,7 @@ from kvstore.metaclient.client import MetaClient
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.version import __version__
 from kvstore.wire import frames as fastrpc
+from kvstore.wire.calls import ServiceInfo
 
 pytestmark = pytest.mark.faults
 
@@ -28,7 +29,7 @@ def lane(tenants):
     address, made = tenants
     with KVClient(address, ClientConfig(token=made["a"])) as a:
         a.put_many(list(SECRETS), list(SECRETS.values()))
-    yield MetaClient(address).service_info().fast_lane_port
+    yield MetaClient(address).call(ServiceInfo()).fast_lane_port
     with KVClient(address, ClientConfig(token=made["a"], transports=("tcp",))) as a:
         assert a.get_many(list(SECRETS)) == list(SECRETS.values())
     with KVClient(address, ClientConfig(token=made["b"])) as b:

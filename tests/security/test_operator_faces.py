@@ -18,6 +18,7 @@ import pytest
 
 from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
+from kvstore.wire.calls import TenantAdd, TenantToken
 from tests.cluster import ADMIN_TOKEN, found, wait_until
 
 LOOPBACK = "127.0.0.1"
@@ -115,8 +116,8 @@ def service():
     cluster = Cluster()
     proc, meta = cluster.meta({"KVSTORE_META_ADMIN_PORT": "0"})
     with MetaClient(meta) as operator:
-        operator.tenant_add(TenantInfo("team-a"))
-        _, tenant_token = operator.tenant_token("team-a")
+        operator.call(TenantAdd(TenantInfo("team-a")))
+        _, tenant_token = operator.call(TenantToken("team-a"))
     yield "http://" + field(proc, "admin"), meta, tenant_token
     cluster.close()
 

@@ -12,6 +12,7 @@ from kvstore.errors import NoSpace, QuotaExceeded
 from kvstore.metaclient.client import MetaClient
 from kvstore.results import TenantInfo
 from kvstore.types import Tier
+from kvstore.wire.calls import TenantAdd, TenantToken
 from tests.cluster import Cluster
 
 MIB = 1 << 20
@@ -28,8 +29,8 @@ def store():
 
 def tenant(address: str, name: str, **settings) -> KVClient:
     with MetaClient(address) as admin:
-        admin.tenant_add(TenantInfo(name, **settings))
-        token = admin.tenant_token(name)[1]
+        admin.call(TenantAdd(TenantInfo(name, **settings)))
+        token = admin.call(TenantToken(name))[1]
     return KVClient(address, ClientConfig(token=token, transports=("tcp",)))
 
 

@@ -15,6 +15,7 @@ from kvstore.config import ClientConfig
 from kvstore.errors import TransportError, Unavailable
 from kvstore.metaclient.client import MetaClient
 from kvstore.tls import TlsFiles
+from kvstore.wire.calls import Stats
 from tests.cluster import Cluster
 
 
@@ -68,7 +69,7 @@ def test_a_tls_daemon_the_clients_ca_did_not_sign_is_refused_typed(cluster, pki)
         "--daemon-tls-cert", pki.pinned_cert, "--daemon-tls-key", pki.pinned_key, "--daemon-tls-ca", pki.ca,
     )  # fmt: skip
     with MetaClient(address, tls=TlsFiles(ca=pki.ca)) as meta:
-        assert meta.stats().daemons  # the service is trusted; its daemon's certificate is not
+        assert meta.call(Stats()).daemons  # the service is trusted; its daemon's certificate is not
     config = ClientConfig(tls_ca=pki.ca, transports=("tls",), timeout_s=3, replica_timeout_s=1)
     with pytest.raises(TransportError), KVClient(address, config) as client:
         client.put("tls/untrusted-daemon", b"x")

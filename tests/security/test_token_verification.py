@@ -22,6 +22,7 @@ from kvstore.server.auth import Authenticator
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.v1 import meta_pb2_grpc as pb_grpc
 from kvstore.wire import frames
+from kvstore.wire.calls import Exists, ServiceInfo, Stats, TenantAdd, TenantRevoke, TenantToken
 from tests.cluster import Cluster, Proc, authed_channel, wait_until
 from tests.redis_server import RedisServer
 
@@ -49,7 +50,7 @@ class Lane:
 
     def __init__(self, address: str, token: str) -> None:
         with MetaClient(address, fast_lane=False) as meta:
-            port = meta.service_info().fast_lane_port
+            port = meta.call(ServiceInfo()).fast_lane_port
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         self.sock.sendall(frames.hello_frame("tests", token))
         status, body = self._read()
@@ -86,12 +87,12 @@ class Lane:
 
 def role(address: str) -> str:
     with MetaClient(address, fast_lane=False) as meta:
-        return meta.service_info().role
+        return meta.call(ServiceInfo()).role
 
 
 def writes_open(address: str) -> bool:
     with MetaClient(address, fast_lane=False) as meta:
-        stats = meta.stats()
+        stats = meta.call(Stats())
     return stats.role == "leader" and stats.writes_open
 
 
@@ -133,8 +134,8 @@ def test_a_made_up_token_let_in_by_a_standby_gains_nothing_once_the_standby_lead
     _, standby = meta_on(cluster, redis)
     assert role(standby) == "standby"
     with MetaClient(old_address) as admin:
-        admin.tenant_add(TenantInfo("real"))
-        _, real_token = admin.tenant_token("real")
+        admin.call(TenantAdd(TenantInfo("real")))
+        _, real_token = admin.call(TenantToken("real"))
 
     real = Lane(standby, real_token)  # the standby cannot check either: both get in
     forged = {name: Lane(standby, MADE_UP) for name in DATA_CALLS}
@@ -156,8 +157,8 @@ def test_a_made_up_token_let_in_while_redis_was_away_gains_nothing_once_the_stor
     _, address = meta_on(cluster, redis)
     wait_until(lambda: writes_open(address), what="the service to lead, writes open")
     with MetaClient(address) as admin:
-        admin.tenant_add(TenantInfo("real"))
-        _, real_token = admin.tenant_token("real")
+        admin.call(TenantAdd(TenantInfo("real")))
+        _, real_token = admin.call(TenantToken("real"))
     real = Lane(address, real_token)
     assert real.call("ListKeys", pb.ListKeysRequest())[0] == frames.OK
 
@@ -237,8 +238,8 @@ def _offers_shm(response: pb.PutStartResponse) -> bool:
 def test_a_demoted_tenant_loses_its_rights_on_connections_already_open(served, lane):
     name = f"boss-{lane}"
     with MetaClient(served) as admin:
-        admin.tenant_add(TenantInfo(name, trust_shm=True, admin=True))
-        token_id, token = admin.tenant_token(name)
+        admin.call(TenantAdd(TenantInfo(name, trust_shm=True, admin=True)))
+        token_id, token = admin.call(TenantToken(name))
         if lane == "fast-lane":
             conn = Lane(served, token)
 
@@ -263,14 +264,14 @@ def test_a_demoted_tenant_loses_its_rights_on_connections_already_open(served, l
         assert call("TenantList", pb.TenantListRequest())[0] == frames.OK  # an admin tenant
         assert _offers_shm(put_start("trusted"))
 
-        admin.tenant_add(TenantInfo(name, trust_shm=False, admin=False), update=True)
+        admin.call(TenantAdd(TenantInfo(name, trust_shm=False, admin=False), update=True))
         assert call("TenantList", pb.TenantListRequest())[0] == ErrorCode.PERMISSION_DENIED
         assert not _offers_shm(put_start("untrusted"))
 
-        _, rotated = admin.tenant_token(name)  # rotation: a new token, the old one revoked
-        admin.tenant_revoke(name, token_id)
+        _, rotated = admin.call(TenantToken(name))  # rotation: a new token, the old one revoked
+        admin.call(TenantRevoke(name, token_id))
         assert call("Exists", pb.ExistsRequest(keys=["trusted"]))[0] == ErrorCode.UNAUTHENTICATED
         if lane == "fast-lane":
             assert conn.closed()
         with MetaClient(served, token=rotated) as fresh:
-            assert fresh.exists(["trusted"]) == [False]  # the tenant goes on with its new token
+            assert fresh.call(Exists(["trusted"])) == [False]  # the tenant goes on with its new token

@@ -18,12 +18,13 @@ from kvstore.metaclient.sharded import ShardedMetaClient
 from kvstore.results import TenantInfo
 from kvstore.shards import ShardSpec, shard_of
 from kvstore.types import Tier
+from kvstore.wire.calls import Describe, Exists, Get, ServiceInfo, TenantAdd, TenantList, TenantRevoke, TenantToken
 from tests.cluster import Cluster, wait_until
 from tests.redis_server import RedisServer
 
 
 def shard_addresses(meta: MetaClient | ShardedMetaClient) -> tuple[str, ...]:
-    shards = meta.service_info().shards
+    shards = meta.call(ServiceInfo()).shards
     assert shards is not None, "the service is not sharded"
     return shards.addresses
 
@@ -57,9 +58,9 @@ def test_every_call_reaches_its_keys_shard(sharded):
         owners = [MetaClient(a) for a in shard_addresses(client.meta)]
         try:
             for key in keys[100:130]:  # on its owner, and only there
-                assert owners[shard_of(key, 3)].exists([key]) == [True]
+                assert owners[shard_of(key, 3)].call(Exists([key])) == [True]
                 with pytest.raises(WrongShard):
-                    owners[(shard_of(key, 3) + 1) % 3].exists([key])
+                    owners[(shard_of(key, 3) + 1) % 3].call(Exists([key]))
         finally:
             for owner in owners:
                 owner.close()
@@ -89,9 +90,9 @@ def test_a_shard_refuses_a_key_it_does_not_own_typed(sharded):
     key = next(f"w/{i}" for i in range(100) if shard_of(f"w/{i}", 3) == 0)
     with MetaClient(addresses[1]) as other:
         with pytest.raises(WrongShard) as refused:
-            other.exists([key])
+            other.call(Exists([key]))
         assert "shard" in str(refused.value)
-        assert other.exists([k for k in (f"w/{i}" for i in range(100)) if shard_of(k, 3) == 1][:3]) == [False] * 3
+        assert other.call(Exists([k for k in (f"w/{i}" for i in range(100)) if shard_of(k, 3) == 1][:3])) == [False] * 3
 
 
 def test_a_get_of_no_keys_hands_every_shards_leases_back(sharded):
@@ -100,11 +101,11 @@ def test_a_get_of_no_keys_hands_every_shards_leases_back(sharded):
     keys = [next(k for k in (f"ls/{s}/{i}" for i in range(100)) if shard_of(k, 3) == s) for s in range(3)]
     with KVClient(sharded) as client:
         client.put_many(keys, values(keys))
-        got = client.meta.get(keys, client_id="lease-test")
+        got = client.meta.call(Get(keys, client_id="lease-test"))
         assert all(r.lease_id for r in got.results)
-        assert all(info.lease_s > 0 for info in client.meta.describe(keys))
-        client.meta.get([], released=[r.lease_id for r in got.results], client_id="lease-test")
-        assert [info.lease_s for info in client.meta.describe(keys)] == [0.0] * 3
+        assert all(info.lease_s > 0 for info in client.meta.call(Describe(keys)))
+        client.meta.call(Get([], released=[r.lease_id for r in got.results], client_id="lease-test"))
+        assert [info.lease_s for info in client.meta.call(Describe(keys))] == [0.0] * 3
 
 
 def test_a_tenant_made_on_some_shards_only_is_completed_by_an_update(sharded):
@@ -113,13 +114,13 @@ def test_a_tenant_made_on_some_shards_only_is_completed_by_an_update(sharded):
     with KVClient(sharded) as admin:
         addresses = shard_addresses(admin.meta)
         with MetaClient(addresses[0]) as first:
-            first.tenant_add(TenantInfo("partial", quotas={Tier.DRAM: 3 << 20}))
-        admin.meta.tenant_add(TenantInfo("partial", quotas={Tier.DRAM: 30 << 20}), update=True)
+            first.call(TenantAdd(TenantInfo("partial", quotas={Tier.DRAM: 3 << 20})))
+        admin.meta.call(TenantAdd(TenantInfo("partial", quotas={Tier.DRAM: 30 << 20}), update=True))
         for address in addresses:
             with MetaClient(address) as shard:
-                found = {t.name: t for t in shard.tenant_list()}
+                found = {t.name: t for t in shard.call(TenantList())}
                 assert found["partial"].quotas[Tier.DRAM] == 10 << 20  # a third of it on each
-        _, token = admin.meta.tenant_token("partial")
+        _, token = admin.meta.call(TenantToken("partial"))
     keys = [f"part/{i}" for i in range(30)]
     with KVClient(sharded, ClientConfig(token=token, transports=("tcp",))) as tenant:
         tenant.put_many(keys, values(keys))  # every shard knows the tenant
@@ -128,9 +129,9 @@ def test_a_tenant_made_on_some_shards_only_is_completed_by_an_update(sharded):
 
 def test_tenants_exist_on_every_shard_with_one_token(sharded):
     with KVClient(sharded) as admin:
-        admin.meta.tenant_add(TenantInfo("sharded", quotas={Tier.DRAM: 30 << 20}))
-        _, token = admin.meta.tenant_token("sharded")
-        listed = {t.name: t for t in admin.meta.tenant_list()}["sharded"]
+        admin.meta.call(TenantAdd(TenantInfo("sharded", quotas={Tier.DRAM: 30 << 20})))
+        _, token = admin.meta.call(TenantToken("sharded"))
+        listed = {t.name: t for t in admin.meta.call(TenantList())}["sharded"]
         assert listed.quotas[Tier.DRAM] >= 30 << 20  # each shard holds a third of it
     keys = [f"ten/{i}" for i in range(60)]
     data = values(keys)
@@ -139,7 +140,7 @@ def test_tenants_exist_on_every_shard_with_one_token(sharded):
         assert tenant.get_many(keys) == data
     with KVClient(sharded) as admin:
         assert admin.exists_many(keys) == [False] * 60  # the tenant's own namespace
-        assert admin.meta.tenant_revoke("sharded") == 1
+        assert admin.meta.call(TenantRevoke("sharded")) == 1
     with (
         KVClient(sharded, ClientConfig(token=token, transports=("tcp",))) as revoked,
         pytest.raises(Unauthenticated),

@@ -1,5 +1,5 @@
-"""The docs name what the code has: every registered transport, every CLI command and every
-config field appears in the README or docs/, so a new one cannot land undocumented."""
+"""The docs name what the code has: every registered transport, every CLI command, every config
+field and every package appears in the README or docs/, so a new one cannot land undocumented."""
 
 import dataclasses
 import os
@@ -25,6 +25,26 @@ def test_readme_layout_lists_exactly_the_registered_transports():
     line = re.search(r"^\s*transport/\s+interface \+ registry · (.*)$", layout, re.M)
     assert line, "the README's layout section has no `transport/  interface + registry · ...` line"
     assert sorted(line.group(1).split(" · ")) == sorted(registry.names())
+
+
+def _layout_folders() -> tuple[set[str], set[str]]:
+    """(top-level folders, folders under kvstore/) the README's Layout block names."""
+    block = (REPO / "README.md").read_text().split("## Layout", 1)[1].split("```", 2)[1]
+    top, inner = set(), set()
+    for line in block.splitlines():
+        if m := re.match(r"^(\S+)/\s", line):
+            top.add(m.group(1).split("/")[0])
+        elif m := re.match(r"^  (\w+)/\s", line):
+            inner.add(m.group(1))
+    return top, inner
+
+
+def test_readme_layout_names_exactly_the_packages():
+    top, inner = _layout_folders()
+    packages = {p.name for p in (REPO / "kvstore").iterdir() if (p / "__init__.py").exists()} - {"v1"}
+    assert inner == packages, f"README Layout vs kvstore/: missing {packages - inner}, stale {inner - packages}"
+    assert {"proto", "kvstore", "benchmarks", "examples", "tests"} <= top
+    assert all((REPO / name).is_dir() for name in top), f"the Layout names folders that do not exist: {top}"
 
 
 def _proto_address_formats() -> dict[str, str]:
