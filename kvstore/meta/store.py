@@ -1,11 +1,8 @@
-"""MetaStore: the metadata service's logic as a plain, thread-safe class (no gRPC here).
-
-It answers the API (puts, gets, existence, removal, pins, tier moves) over MetaState's tables; the per-key work of
-puts and gets is in writes.py and reads.py, regions (one-call small puts) in regions.py, the moves between tiers in
-tiering.py. Every public method takes the one lock, reads the injected clock, and leaves `check_invariants()` true.
-A batch is worked through in slices of SLICE keys, releasing the lock between them, so a caller with a batch of
-MAX_BATCH_KEYS holds no other caller up for more than one slice.
-"""
+"""MetaStore: the metadata service's logic as a plain, thread-safe class (no gRPC here): the API over MetaState's
+tables; the per-key work of puts and gets in writes.py and reads.py, regions in regions.py, tier moves in tiering.py.
+Every public method takes the one lock, reads the injected clock, and leaves `check_invariants()` true. A batch is
+worked through in slices of SLICE keys, releasing the lock between them: a caller with a batch of MAX_BATCH_KEYS
+holds no other caller up for more than one slice."""
 
 from __future__ import annotations
 
@@ -268,6 +265,11 @@ class MetaStore:
 
         results = self._sliced(len(keys), work) if keys else []
         return GetReply(tuple(results), segments, int(self.config.lease_ttl_s * 1000))
+
+    def release(self, released: Sequence[int], client_id: str = "") -> None:
+        """Readers are done with these read leases (as a Get's `released` says)."""
+        with self._lock:
+            self._st.end_leases(released, client_id, self._clock.now())
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is COMPLETE. Takes no lease: polling must not block eviction."""

@@ -235,6 +235,9 @@ class MetaHandlers:
             self._holder(req.client_id, who), req.failed_segments, self._keys(req.touched, who),
         )  # fmt: skip
 
+    def release(self, req: calls.Release, who: Principal) -> None:
+        self._reads.release(req.released, self._holder(req.client_id, who))
+
     def exists(self, req: calls.Exists, who: Principal) -> list[bool]:
         return self._reads.exists(self._keys(req.keys, who))
 

@@ -877,6 +877,49 @@ class PutRevokeResponse(_message.Message):
 Global___PutRevokeResponse: _TypeAlias = PutRevokeResponse  # noqa: Y015
 
 @_typing.final
+class ReleaseRequest(_message.Message):
+    """Readers done with the blocks of these read leases (each its Get's lease_id): the blocks may be
+    evicted, moved or removed again. What a later Get's or Remove's `released` does, alone.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASED_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """the reader the leases were granted to"""
+    @_builtins.property
+    def released(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        released: _abc.Iterable[_builtins.int] | None = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "released", b"released"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseRequest: _TypeAlias = ReleaseRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseResponse: _TypeAlias = ReleaseResponse  # noqa: Y015
+
+@_typing.final
 class GetRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -159,6 +159,11 @@ class MetaServiceStub:
                 request_serializer=kvstore_dot_v1_dot_meta__pb2.PutCommitRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_meta__pb2.PutCommitResponse.FromString,
                 _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/kvstore.v1.MetaService/Release',
+                request_serializer=kvstore_dot_v1_dot_meta__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_meta__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -314,6 +319,12 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Release(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -441,6 +452,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.PutCommit,
                     request_deserializer=kvstore_dot_v1_dot_meta__pb2.PutCommitRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_meta__pb2.PutCommitResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=kvstore_dot_v1_dot_meta__pb2.ReleaseRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_meta__pb2.ReleaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1118,6 +1134,33 @@ class MetaService:
             '/kvstore.v1.MetaService/PutCommit',
             kvstore_dot_v1_dot_meta__pb2.PutCommitRequest.SerializeToString,
             kvstore_dot_v1_dot_meta__pb2.PutCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.MetaService/Release',
+            kvstore_dot_v1_dot_meta__pb2.ReleaseRequest.SerializeToString,
+            kvstore_dot_v1_dot_meta__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,7 @@ class MetaServiceStub:
     TenantList: _grpc.UnaryUnaryMultiCallable[_meta_pb2.TenantListRequest, _meta_pb2.TenantListResponse]
     Reserve: _grpc.UnaryUnaryMultiCallable[_meta_pb2.ReserveRequest, _meta_pb2.ReserveResponse]
     PutCommit: _grpc.UnaryUnaryMultiCallable[_meta_pb2.PutCommitRequest, _meta_pb2.PutCommitResponse]
+    Release: _grpc.UnaryUnaryMultiCallable[_meta_pb2.ReleaseRequest, _meta_pb2.ReleaseResponse]
 
 @_typing.type_check_only
 class MetaServiceAsyncStub(MetaServiceStub):
@@ -95,6 +96,7 @@ class MetaServiceAsyncStub(MetaServiceStub):
     TenantList: _aio.UnaryUnaryMultiCallable[_meta_pb2.TenantListRequest, _meta_pb2.TenantListResponse]  # type: ignore[assignment]
     Reserve: _aio.UnaryUnaryMultiCallable[_meta_pb2.ReserveRequest, _meta_pb2.ReserveResponse]  # type: ignore[assignment]
     PutCommit: _aio.UnaryUnaryMultiCallable[_meta_pb2.PutCommitRequest, _meta_pb2.PutCommitResponse]  # type: ignore[assignment]
+    Release: _aio.UnaryUnaryMultiCallable[_meta_pb2.ReleaseRequest, _meta_pb2.ReleaseResponse]  # type: ignore[assignment]
 
 class MetaServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -271,5 +273,12 @@ class MetaServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _meta_pb2.PutCommitRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_meta_pb2.PutCommitResponse, _abc.Awaitable[_meta_pb2.PutCommitResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Release(
+        self,
+        request: _meta_pb2.ReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_meta_pb2.ReleaseResponse, _abc.Awaitable[_meta_pb2.ReleaseResponse]]: ...
 
 def add_MetaServiceServicer_to_server(servicer: MetaServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -179,6 +179,20 @@ class Get(Call[GetReply]):
 
 
 @dataclass(frozen=True)
+class Release(Call[None]):
+    """Hand read leases back: each goes to the shard that granted it."""
+
+    method_id = 26
+    role = Role.DATA
+    reply = NOTHING
+    fan = Fan.SPLIT
+    merge = "none"
+    leases = True
+    released: Sequence[int] = ()
+    client_id: str = ""
+
+
+@dataclass(frozen=True)
 class Remove(Call[list[KeyResult]]):
     method_id = 10
     role = Role.DATA

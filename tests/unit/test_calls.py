@@ -54,7 +54,7 @@ def test_every_rpc_of_the_proto_is_one_call_class():
     assert rpcs == DATA | DAEMON | ADMIN | ANYONE and len(DATA) + len(DAEMON) + len(ADMIN) + len(ANYONE) == len(rpcs)
     for cls in CALLS.values():  # a keyed call's keyed fields are its own
         assert set(cls.keyed) <= {f.name for f in dataclasses.fields(cls)}, cls.rpc
-        assert cls.fan is not Fan.SPLIT or "keys" in cls.keyed, cls.rpc
+        assert cls.fan is not Fan.SPLIT or "keys" in cls.keyed or cls.leases, cls.rpc  # keys, or leases alone
 
 
 SAMPLES: list[Call[Any]] = [
@@ -83,6 +83,7 @@ SAMPLES: list[Call[Any]] = [
     calls.UnmountSegment("s1"),
     calls.PutRevoke(["a"], ["s1"]),
     calls.PutCommit("c", 1, ["a"], [0], [3], [9], [2]),
+    calls.Release([1, 2], "c"),
 ]
 
 
@@ -196,6 +197,16 @@ def test_a_put_a_get_and_a_remove_through_every_api(api, request):
     assert [r.error() for r in removed] == [None] * len(keys)
     assert api.call(Exists(keys)) == [False] * len(keys)
     assert isinstance(api.call(Remove(["calls/absent"]))[0].error(), KeyNotFound)
+
+
+def test_release_hands_read_leases_back_to_the_shards_that_granted_them(api, request):
+    keys = [f"release/{request.node.callspec.id}/{i}" for i in range(6)]
+    api.call(PutStart(keys, [64] * len(keys)))
+    api.call(PutEnd(keys, [0] * len(keys)))
+    got = api.call(Get(keys, client_id="reader"))
+    assert all(info.lease_s > 0 for info in api.call(Describe(keys)))
+    assert api.call(calls.Release([r.lease_id for r in got.results], "reader")) is None
+    assert [info.lease_s for info in api.call(Describe(keys))] == [0.0] * len(keys)
 
 
 def test_a_caller_without_the_role_is_refused_through_the_local_api(store):
