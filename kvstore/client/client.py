@@ -29,7 +29,7 @@ from kvstore.results import KeyInfo, KeyListing, StoreStats
 from kvstore.tls import TlsFiles
 from kvstore.transport.base import Transport
 from kvstore.types import validate_keys
-from kvstore.wire.calls import Describe, Exists, ListKeys, MatchPrefix, Pin, Remove, Stats, Unpin
+from kvstore.wire.calls import Describe, Exists, ListKeys, MatchPrefix, Pin, Release, Remove, Stats, Unpin
 
 if TYPE_CHECKING:
     from kvstore.metrics.client import ClientMetrics
@@ -82,9 +82,9 @@ class KVClient:
         if self._closed:
             return
         released = self._reader.take_released()
-        if released:  # a Remove of no keys ends them: blocks this client read become removable at once
+        if released:  # blocks this client read become removable at once
             try:
-                self._meta.call(Remove([], False, released, self._reader.client_id))
+                self._meta.call(Release(released, self._reader.client_id))
             except KVStoreError:
                 pass  # they run out on their own within the lease
         if self._region_pool is not None:
