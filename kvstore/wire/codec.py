@@ -97,7 +97,11 @@ def request_from_pb(cls: type[Call[R]], msg: Any) -> Call[R]:
         elif f.repeated:
             value = list(value)
         values[f.name] = value
-    return cls(**values)
+    # Every field is set, so the frozen dataclass's __init__ (a setattr per field) can be skipped:
+    # this runs on every call the service decodes.
+    call: Call[R] = object.__new__(cls)
+    call.__dict__.update(values)
+    return call
 
 
 def response_type(cls: type[Call[Any]]) -> type[Message]:
