@@ -14,6 +14,8 @@ crashes is reported and the next still runs:
                (benchmarks/engines/ttft.py; dry run: the tiny config, short prompts, on the CPU)
     metascale  the sharded-metadata scaling bench (python -m benchmarks.sharding) with 1, 2, 4, 8
                shards and 12 client processes: CPU per call, aggregate calls/s, match_prefix p50
+    vllm_tier  kvstore as vLLM's offloading tier (tests/vllm/test_tier*.py; with CUDA and vLLM's
+               CUDA build, two vLLM instances sharing KV through it with real GPU copies)
 
 Everything goes to one JSON file, rewritten after each section: OUT/device_check.json.
 """
@@ -21,6 +23,7 @@ Everything goes to one JSON file, rewritten after each section: OUT/device_check
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -35,22 +38,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("env", "tests", "copies", "ttft", "metascale")
-CAPS_S = {"env": 60, "tests": 240, "copies": 120, "ttft": 240, "metascale": 150}
-META_SCALING = [
-    "-m",
-    "benchmarks.sharding",
-    "--shards",
-    "1,2,4,8",
-    "--rounds",
-    "3",
-    "--clients",
-    "12",
-    "--seconds",
-    "2",
-    "--calls",
-    "300",
-]  # issue 15's scaling bench
+SECTIONS = ("env", "tests", "copies", "ttft", "metascale", "vllm_tier")
+CAPS_S = {"env": 60, "tests": 240, "copies": 120, "ttft": 240, "metascale": 150, "vllm_tier": 180}
+# issue 15's scaling bench
+META_SCALING = ["-m", "benchmarks.sharding", "--shards", "1,2,4,8", "--rounds", "3", "--clients", "12"]
+META_SCALING += ["--seconds", "2", "--calls", "300"]
 GPU_TESTS = ["tests/unit", "tests/integration", "tests/conformance", "tests/engines/test_device_model.py"]
 STAND_IN_TESTS = [
     "tests/unit/test_gpu_segment.py",
@@ -106,17 +98,7 @@ def section_tests(device: str, quick: bool) -> dict[str, Any]:
         runs["host_stand_in"] = STAND_IN_TESTS[:2] if quick else STAND_IN_TESTS
         if not quick:
             runs["conformance_gpu_host"] = ["tests/conformance", "-k", "gpu-host"]
-    out: dict[str, Any] = {}
-    for name, args in runs.items():
-        cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--timeout", "120", *args]
-        done = run_group(cmd, _left())
-        lines = (done.stdout + done.stderr).strip().splitlines()
-        out[name] = {
-            "command": " ".join(cmd[1:]),
-            "returncode": done.returncode,
-            "summary": lines[-1] if lines else "",
-            "tail": lines[-60:],
-        }
+    out = {name: _pytest(args) for name, args in runs.items()}
     failed = [n for n, r in out.items() if r["returncode"] not in (0, 5)]  # 5: nothing collected
     if failed:
         raise SectionFailed(f"pytest failed: {', '.join(failed)}", out)
@@ -203,6 +185,26 @@ def section_metascale(device: str, quick: bool) -> dict[str, Any]:
     if done.returncode:
         raise SectionFailed("the scaling script failed", result)
     return result
+
+
+def section_vllm_tier(device: str, quick: bool) -> dict[str, Any]:
+    """kvstore as vLLM's offloading tier; on a GPU, under vLLM's real GPU <-> CPU copies."""
+    if quick:
+        raise SectionSkipped("--quick leaves the vLLM tier out (tests/vllm/test_tier.py runs in the suite)")
+    if importlib.util.find_spec("vllm") is None:
+        raise SectionSkipped("vLLM is not installed here (its CUDA build is too big to carry to a device call)")
+    tests = ["tests/vllm/test_tier.py", "tests/vllm/test_tier_lookups.py", "tests/vllm/test_tier_gpu.py"]
+    result = _pytest(tests, per_test_s=300)
+    if result["returncode"]:
+        raise SectionFailed("the tier's tests failed", result)
+    return result
+
+
+def _pytest(args: list[str], per_test_s: int = 120) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--timeout", str(per_test_s), *args]
+    done = run_group(cmd, _left())
+    lines = (done.stdout + done.stderr).strip().splitlines() or [""]
+    return {"command": " ".join(cmd[1:]), "returncode": done.returncode, "summary": lines[-1], "tail": lines[-60:]}
 
 
 class SectionSkipped(Exception):
@@ -346,21 +348,15 @@ def run_section(name: str, device: str, quick: bool, timeout: float) -> dict[str
             cmd.append("--quick")
         done = run_group(cmd, timeout)
         sys.stderr.write(done.stderr[-4000:])
+        output = (done.stdout + done.stderr).splitlines()[-40:]
         record: dict[str, Any]
         if done.returncode == -9:
-            record = {
-                "status": "timeout",
-                "error": f"killed after {timeout:.0f} s",
-                "output": (done.stdout + done.stderr).splitlines()[-40:],
-            }
+            record = {"status": "timeout", "error": f"killed after {timeout:.0f} s", "output": output}
         elif path.exists():
             record = json.loads(path.read_text())
         else:
-            record = {
-                "status": "error",
-                "error": f"the section's process exited with {done.returncode} and no record",
-                "output": (done.stdout + done.stderr).splitlines()[-40:],
-            }
+            error = f"the section's process exited with {done.returncode} and no record"
+            record = {"status": "error", "error": error, "output": output}
     record["seconds"] = round(time.monotonic() - started, 1)
     return record
 
@@ -372,6 +368,8 @@ def summary(results: dict[str, Any]) -> str:
     tests = sections.get("tests", {}).get("data") or {}
     for name, run in tests.items():
         lines.append(f"tests {name}: {run['summary']}")
+    if tier := sections.get("vllm_tier", {}).get("data"):
+        lines.append(f"vllm_tier: {tier['summary']}")
     copies = sections.get("copies", {}).get("data") or {}
     for r in copies.get("ratios", []):
         lines.append(f"copies {r['size'] >> 20} MiB: {r['what']} / {r['against']} = {r['ratio']}")

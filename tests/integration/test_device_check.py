@@ -29,9 +29,10 @@ def test_the_dry_run_covers_every_section(tmp_path):
     done, results = run(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     s = results["sections"]
-    assert results["mode"] == "cpu" and list(s) == ["env", "tests", "copies", "ttft", "metascale"]
-    assert all(r["status"] == "ok" for n, r in s.items() if n != "metascale"), s
+    assert results["mode"] == "cpu" and list(s) == ["env", "tests", "copies", "ttft", "metascale", "vllm_tier"]
+    assert all(r["status"] == "ok" for n, r in s.items() if n not in ("metascale", "vllm_tier")), s
     assert s["metascale"]["status"] == "skipped" and "issue 15" in s["metascale"]["reason"]
+    assert s["vllm_tier"]["status"] == "skipped" and "--quick" in s["vllm_tier"]["reason"]
     assert "skipped" in s["tests"]["data"]["gpu_marked"]["summary"]  # collected, and skipped here
     assert "passed" in s["tests"]["data"]["host_stand_in"]["summary"]
     ids = {r.get("id") for r in s["copies"]["data"]["rates"]}
