@@ -32,6 +32,9 @@ def copy_hashing(dst: memoryview, src: memoryview, h: xxhash.xxh3_64) -> None:
 
 def copy_with_checksum(dst: memoryview, src: memoryview) -> int:
     """dst[:] = src, returning checksum(src) computed while the bytes are still in cache."""
+    if len(src) <= PIECE:  # one piece: no incremental hasher
+        dst[:] = src
+        return xxhash.xxh3_64_intdigest(dst)
     h = hasher()
     copy_hashing(dst, src, h)
     return h.intdigest()

@@ -28,7 +28,10 @@ def _from_tensor(t: Any) -> memoryview:
 
 def byte_view(obj: Any, writable: bool) -> memoryview:
     """A 1-D unsigned-byte memoryview aliasing `obj`'s memory (no copy)."""
-    if type(obj).__module__.startswith("torch"):
+    kind = type(obj)
+    if kind is bytearray or (kind is bytes and not writable):  # the common case, checked for nothing
+        return memoryview(obj)
+    if kind.__module__.startswith("torch"):
         view = _from_tensor(obj)
     else:
         try:

@@ -15,13 +15,13 @@ still follows reads.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from kvstore.errors import ErrorCode
 from kvstore.results import GetResult
 from kvstore.types import SegmentInfo
 
@@ -29,7 +29,7 @@ EXPIRY_MARGIN_S = 0.5  # an entry is dropped this long before its grants expire:
 
 
 class Location(NamedTuple):
-    result: GetResult  # size, checksum and a read grant per replica (lease_id 0: no lease)
+    result: GetResult  # size, checksum and a read grant per replica (its lease_id is spent: ignore it)
     segments: Mapping[str, SegmentInfo]
     until: float  # time.monotonic() after which the entry is not used
 
@@ -58,19 +58,26 @@ class LocationCache:
             self._entries.move_to_end(key)
             return entry
 
-    def put(self, key: str, result: GetResult, segments: Mapping[str, SegmentInfo], now_ms: int) -> None:
-        """Remember where `key` is: until shortly before its first grant expires (wall clock
-        `now_ms`), and at most ttl_s from now."""
-        if not self.capacity or not result.grants:
-            return
-        left_s = min(g.expires_ms for g in result.grants) / 1000 - now_ms / 1000 - EXPIRY_MARGIN_S
-        if left_s <= 0:
+    def put_many(
+        self, keys: Sequence[str], results: Sequence[GetResult], segments: Mapping[str, SegmentInfo], now_ms: int
+    ) -> None:
+        """Remember where the keys of a Get's OK results are: each until shortly before its first
+        grant expires (wall clock `now_ms`), and at most ttl_s from now."""
+        if not self.capacity:
             return
         mono = time.monotonic()
-        entry = Location(dataclasses.replace(result, lease_id=0), segments, mono + min(left_s, self.ttl_s))
+        margin_ms = now_ms + EXPIRY_MARGIN_S * 1000
+        entries = []
+        for key, result in zip(keys, results):
+            if result.code is not ErrorCode.OK or not result.grants:
+                continue
+            left_s = (min(g.expires_ms for g in result.grants) - margin_ms) / 1000
+            if left_s > 0:
+                entries.append((key, Location(result, segments, mono + min(left_s, self.ttl_s))))
         with self._lock:
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
+            for key, entry in entries:
+                self._entries[key] = entry
+                self._entries.move_to_end(key)
             while len(self._entries) > self.capacity:
                 self._entries.popitem(last=False)
 

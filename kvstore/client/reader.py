@@ -93,10 +93,9 @@ class Reader:
                 self._failed.update(failed)
             self._note(released, touched)
             raise
-        now = now_ms(self._transports.clock)
-        for key, result in zip(keys, reply.results, strict=True):
-            if result.code is ErrorCode.OK:
-                self.cache.put(key, result, reply.segments, now)
+        if len(keys) != len(reply.results):
+            raise ValueError(f"a Get of {len(keys)} keys answered {len(reply.results)} results")
+        self.cache.put_many(keys, reply.results, reply.segments, now_ms(self._transports.clock))
         return [Located(r, reply.segments) for r in reply.results]
 
     def forget(self, keys: Sequence[str]) -> None:
@@ -153,7 +152,8 @@ class Reader:
         afresh and read again (into `resize(i, size)` when given: get() sizes its buffers to the
         value). Read leases go back with this client's next call: nothing is copied from those
         blocks any more."""
-        released = [loc.result.lease_id for loc in located if loc.result.lease_id]  # whatever happens next
+        # whatever happens next; a cached location's lease was handed back after its first read
+        released = [loc.result.lease_id for loc in located if loc.result.lease_id and not loc.cached]
         touched: list[str] = []
         try:
             out = self._read_replicas(keys, located, views)
