@@ -312,7 +312,7 @@ def run_client(channel: Channel, master: str, spec_json: str, limits_json: str) 
         # the same calls as kvstore.bench.sections' throughput section (one client writes and reads)
         prefix = f"{spec.key_prefix}/tput/{size}"
         out: list[Any] = store.measure_single(target, target, PATH, size, plan, f"{prefix}/s", pool)
-        return out + store.measure_batched(target, target, PATH, size, plan, f"{prefix}/b", pool)
+        return out + store.measure_batches(target, target, PATH, size, plan, f"{prefix}/b", pool)
 
     def latencies() -> list[Any]:
         lat, cpus = latency.measure_latency(

@@ -175,7 +175,7 @@ def measure(spec: PeerSpec, progress: Progress) -> PeerOutcome:
             progress(f"{PATH} throughput {fmt_size(size)}")
             prefix = f"{spec.key_prefix}/tput/{size}"
             res.throughput += store.measure_single(target, target, PATH, size, spec.plan, f"{prefix}/s", pool)
-            res.throughput += store.measure_batched(target, target, PATH, size, spec.plan, f"{prefix}/b", pool)
+            res.throughput += store.measure_batches(target, target, PATH, size, spec.plan, f"{prefix}/b", pool)
         progress(f"{PATH} latency")
         cpu = CpuMeter([server.popen.pid], "redis-server") if CpuMeter.available() else None
         lat, cpus = latency.measure_latency(

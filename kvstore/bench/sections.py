@@ -51,7 +51,7 @@ def _throughput(ctx: Context, path: KVPath, size: int) -> None:
     plan, prefix = ctx.options.plan, ctx.key_prefix("tput", path.label, size)
     res = ctx.results.throughput
     res += store.measure_single(path.writer, path.reader, path.label, size, plan, f"{prefix}/s", ctx.pool)
-    res += store.measure_batched(path.writer, path.reader, path.label, size, plan, f"{prefix}/b", ctx.pool)
+    res += store.measure_batches(path.writer, path.reader, path.label, size, plan, f"{prefix}/b", ctx.pool)
 
 
 @section("throughput", needs_store=True)

@@ -54,6 +54,8 @@ def test_quick_bench_prints_ceilings_spreads_and_target_ratios(tmp_path):
     tput = out.split("== throughput")[1].split("\n== ")[0]
     for op in ("put", "get", "get-warm"):  # first reads and reads again, by a client that did not write
         assert re.search(rf"^shm\s+{op}\s+1 MiB\s+batched\s+32\s+{SPREAD}\s+{SPREAD}\s+\d+\s+3$", tput, re.M), tput
+        # small values again in wide batches, per key as an engine storing KV per layer sees it
+        assert re.search(rf"^shm\s+{op}\s+4 KiB\s+batched\s+1024\s+{SPREAD}\s+{SPREAD}\s+\d+\s+3$", tput, re.M), tput
     assert "server CPU per call" in out and re.search(r"^shm\s+pair\s+4 KiB\s+", out, re.M)
 
     judged = out.split("== targets (")[1].split("\n== ")[0]
@@ -105,6 +107,9 @@ def test_quick_bench_compares_with_mooncake_store_and_redis(tmp_path):
         "4 KiB get p50 (read before, best: ",
         "4 KiB put p50 (best: ",
         "get_many_into 32 x 4 KiB (get, best: ",
+        "get_many_into 1,024 x 4 KiB (get, best: ",
+        "get_many_into 1,024 x 4 KiB (get-warm, best: ",
+        "put_many 1,024 x 4 KiB (best: ",
         "server CPU per 4 KiB put + first get (shm)",
         "kvstore tcp get 1 MiB single vs Mooncake Store",
     ):
