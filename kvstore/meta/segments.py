@@ -67,6 +67,7 @@ class SegmentTable:
         # and rebuilt when a mount, confirmation or unmount moves `_version` on.
         self._version = 0
         self._views: dict[tuple[bool, Tier | None], tuple[int, tuple[Segment, ...]]] = {}
+        self._largest: dict[Tier, tuple[int, int]] = {}
 
     def _view(self, usable_only: bool, tier: Tier | None) -> tuple[Segment, ...]:
         hit = self._views.get((usable_only, tier))
@@ -197,7 +198,13 @@ class SegmentTable:
         return [s for s in self._by_id.values() if not s.confirmed]
 
     def largest_capacity(self, tier: Tier) -> int:
-        return max((s.allocator.capacity for s in self._view(False, tier)), default=0)
+        """The capacity of `tier`'s largest segment (asked on every put: kept until the table changes)."""
+        hit = self._largest.get(tier)
+        if hit is not None and hit[0] == self._version:
+            return hit[1]
+        largest = max((s.allocator.capacity for s in self._view(False, tier)), default=0)
+        self._largest[tier] = (self._version, largest)
+        return largest
 
     def daemons_with(self, tier: Tier) -> frozenset[str]:
         """The daemons that have a segment of `tier`."""
@@ -223,16 +230,19 @@ class SegmentTable:
         degraded), and [] when none has.
         """
         by_daemon: dict[str, list[Segment]] = {}
-        for seg in self.usable(tier):
-            if suspects or not self.is_suspect(seg.daemon_id, now):
-                by_daemon.setdefault(seg.daemon_id, []).append(seg)
-        ranked = sorted(
-            by_daemon.values(),
-            key=lambda segs: (self.is_suspect(segs[0].daemon_id, now), -sum(s.allocator.free_bytes for s in segs)),
-        )
+        free: dict[str, int] = {}  # per daemon, over its usable segments of `tier`
+        for seg in self.usable(tier):  # one pass, as every put asks (no per-daemon sums in the sort)
+            daemon = seg.info.daemon_id
+            if suspects or not self.is_suspect(daemon, now):
+                by_daemon.setdefault(daemon, []).append(seg)
+                free[daemon] = free.get(daemon, 0) + seg.allocator.capacity - seg.allocator.used
+        if len(by_daemon) == 1:
+            ranked = list(by_daemon.values())
+        else:
+            ranked = [by_daemon[d] for d in sorted(by_daemon, key=lambda d: (self.is_suspect(d, now), -free[d]))]
         placed: list[tuple[Segment, int]] = []
         for segs in ranked:
-            for seg in sorted(segs, key=lambda s: -s.allocator.free_bytes):
+            for seg in sorted(segs, key=lambda s: s.allocator.used - s.allocator.capacity) if len(segs) > 1 else segs:
                 offset = seg.allocator.allocate(size)
                 if offset is not None:
                     self.holds.hold(pack_location(seg.number, offset), size)
