@@ -57,7 +57,7 @@ def _load(name: str, attr: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f"pip install 'kvstore[{entry.extra}]'" if entry.extra else "reinstall kvstore"
+        hint = f"pip install 'kvcachestore[{entry.extra}]'" if entry.extra else "reinstall kvcachestore"
         raise Unavailable(f"transport {name!r} needs a library that is not installed ({exc}); run: {hint}") from exc
     cls: type = getattr(module, class_name)
     return cls

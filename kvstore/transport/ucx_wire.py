@@ -49,7 +49,7 @@ def _ucxx() -> tuple[Any, Any]:
         from ucxx._lib.arr import Array
     except ImportError as exc:
         raise Unavailable(
-            f"transport 'ucx' needs UCX, which does not load ({exc}); run: pip install 'kvstore[ucx]'"
+            f"transport 'ucx' needs UCX, which does not load ({exc}); run: pip install 'kvcachestore[ucx]'"
         ) from exc
     return libucxx, Array
 

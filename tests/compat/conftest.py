@@ -17,7 +17,7 @@ from tests.cluster import Cluster
 MOONCAKE_MISSING = importlib.util.find_spec("mooncake") is None
 needs_mooncake = pytest.mark.skipif(
     MOONCAKE_MISSING,
-    reason="the real Mooncake Store is not installed (pip install 'kvstore[mooncake]'): nothing to compare with",
+    reason="the real Mooncake Store is not installed (pip install 'kvcachestore[mooncake]'): nothing to compare with",
 )
 
 

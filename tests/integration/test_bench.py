@@ -82,7 +82,9 @@ def test_quick_bench_prints_ceilings_spreads_and_target_ratios(tmp_path):
 
 
 def test_quick_bench_compares_with_mooncake_store_and_redis(tmp_path):
-    pytest.importorskip("mooncake.store", reason="Mooncake Store is not installed (pip install 'kvstore[mooncake]')")
+    pytest.importorskip(
+        "mooncake.store", reason="Mooncake Store is not installed (pip install 'kvcachestore[mooncake]')"
+    )
     out, doc, _ = _bench(
         tmp_path, "--compare", "mooncake,redis", "--transports", "shm,tcp", "--sections", "latency,throughput"
     )

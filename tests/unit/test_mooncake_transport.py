@@ -20,7 +20,7 @@ import pytest
 
 if importlib.util.find_spec("mooncake") is None:
     pytest.skip(
-        "the mooncake transport needs the mooncake extra: pip install 'kvstore[mooncake]'", allow_module_level=True
+        "the mooncake transport needs the mooncake extra: pip install 'kvcachestore[mooncake]'", allow_module_level=True
     )
 
 import numpy as np

@@ -41,6 +41,6 @@ def test_missing_libraries_are_named_and_skipped() -> None:
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stdout + out.stderr
-    assert "pip install 'kvstore[mooncake]'" in out.stdout and "pip install 'kvstore[ucx]'" in out.stdout
+    assert "pip install 'kvcachestore[mooncake]'" in out.stdout and "pip install 'kvcachestore[ucx]'" in out.stdout
     assert "preferred: shm,tcp" in out.stdout
-    assert "only ucx:" in out.stdout and "kvstore[ucx]" in out.stdout.split("only ucx:")[1]
+    assert "only ucx:" in out.stdout and "kvcachestore[ucx]" in out.stdout.split("only ucx:")[1]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest.importorskip("ucxx", reason="the ucx transport needs the ucx extra: pip install 'kvstore[ucx]'")
+pytest.importorskip("ucxx", reason="the ucx transport needs the ucx extra: pip install 'kvcachestore[ucx]'")
 
 from kvstore.checksum import checksum
 from kvstore.config import ClientConfig
