@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
-from kvstore.errors import KVStoreError, Unauthenticated
+from kvstore.errors import KVStoreError, Unauthenticated, Unavailable
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 << 20
@@ -210,6 +210,8 @@ class AdminServer:
                     response = handler(parse_qs(url.query), body)
                 except ValueError as exc:  # a handler's word for bad input
                     response = Response.json({"error": str(exc)}, 400)
+                except Unavailable as exc:  # e.g. a feature whose extra is not installed: says which
+                    response = Response.json({"error": str(exc)}, 503)
                 except Exception as exc:
                     log.exception("admin %s %s failed", method, url.path)
                     response = Response.json({"error": f"internal error: {exc}"}, 500)

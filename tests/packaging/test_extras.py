@@ -5,6 +5,7 @@ test_wheel.py checks the same on a real plain install, slowly."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -66,9 +67,25 @@ def test_the_indexer_imports_and_subscribing_names_the_extra() -> None:
             EventSubscriber("tcp://127.0.0.1:1", EngineCache(16))
         except Unavailable as exc:
             print("unavailable:", exc)
+
+        # over HTTP, as an operator registers an engine: 503 naming the extra, not an internal error
+        import json, urllib.error, urllib.request
+        from kvstore.admin.http import AdminServer
+        admin = AdminServer(operator=lambda token: None).start()
+        IndexerApi(StoreTable()).mount(admin)
+        body = json.dumps({"endpoint": "tcp://127.0.0.1:1", "instance_id": "e1", "model": "m", "block_size": 16})
+        request = urllib.request.Request(
+            f"http://{admin.address}/register", body.encode(), {"Authorization": "Bearer x"}, method="POST"
+        )
+        try:
+            urllib.request.urlopen(request, timeout=10)
+        except urllib.error.HTTPError as exc:
+            print("register:", exc.code, json.loads(exc.read())["error"])
+        admin.stop()
         assert "zmq" not in sys.modules and "msgpack" not in sys.modules
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "unavailable: KV events need pyzmq and msgpack" in out.stdout
     assert "pip install 'kvcachestore[events]'" in out.stdout
+    assert re.search(r"^register: 503 KV events need pyzmq .*pip install 'kvcachestore\[events\]'$", out.stdout, re.M)
