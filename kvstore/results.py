@@ -100,6 +100,7 @@ class GetReply:
     results: tuple[GetResult, ...]
     segments: Mapping[str, SegmentInfo] = field(default_factory=dict)  # every segment a grant names
     lease_ms: int = 0  # how long the read leases hold the blocks in place
+    packed: bool = False  # sent as columns (the caller asked for them): kvstore.wire.packed
 
 
 @dataclass(frozen=True)

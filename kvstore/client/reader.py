@@ -87,7 +87,8 @@ class Reader:
     def _fetch(self, keys: Sequence[str]) -> list[Located]:
         released, failed, touched = self.take_released(), self._take_failed(), self._take_touched()
         try:
-            reply = self._meta.call(Get(keys, released, self._transports.host, self.client_id, failed, touched))
+            request = Get(keys, released, self._transports.host, self.client_id, failed, touched, packed=True)
+            reply = self._meta.call(request)
         except KVStoreError:  # the next call carries them (a lease ended twice is refused quietly)
             with self._lock:
                 self._failed.update(failed)

@@ -230,10 +230,11 @@ class MetaHandlers:
         return self._writes.put_revoke(self._keys(req.keys, who), req.failed_segments)
 
     def get(self, req: calls.Get, who: Principal) -> GetReply:
-        return self._reads.get(
+        reply = self._reads.get(
             self._keys(req.keys, who), req.released, self._host(req.client_host, who),
             self._holder(req.client_id, who), req.failed_segments, self._keys(req.touched, who),
         )  # fmt: skip
+        return replace(reply, packed=True) if req.packed else reply
 
     def release(self, req: calls.Release, who: Principal) -> None:
         self._reads.release(req.released, self._holder(req.client_id, who))

@@ -929,8 +929,11 @@ class GetRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     FAILED_SEGMENTS_FIELD_NUMBER: _builtins.int
     TOUCHED_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
     client_host: _builtins.str
     client_id: _builtins.str
+    packed: _builtins.bool
+    """the caller reads PackedGetResults: answer with `packed` rather than `results`"""
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -955,10 +958,11 @@ class GetRequest(_message.Message):
         client_id: _builtins.str = ...,
         failed_segments: _abc.Iterable[_builtins.str] | None = ...,
         touched: _abc.Iterable[_builtins.str] | None = ...,
+        packed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_host", b"client_host", "client_id", b"client_id", "failed_segments", b"failed_segments", "keys", b"keys", "released", b"released", "touched", b"touched"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_host", b"client_host", "client_id", b"client_id", "failed_segments", b"failed_segments", "keys", b"keys", "packed", b"packed", "released", b"released", "touched", b"touched"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1005,26 +1009,93 @@ class GetResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
     lease_ms: _builtins.int
     """the read lease: the blocks are not evicted or moved for this long"""
     @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetResult]: ...
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetResult]:
+        """unless the request asked for `packed`"""
+
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Segment]: ...
+    @_builtins.property
+    def packed(self) -> Global___PackedGetResults: ...
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___GetResult] | None = ...,
         segments: _abc.Iterable[Global___Segment] | None = ...,
         lease_ms: _builtins.int = ...,
+        packed: Global___PackedGetResults | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed", b"packed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_ms", b"lease_ms", "results", b"results", "segments", b"segments"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_ms", b"lease_ms", "packed", b"packed", "results", b"results", "segments", b"segments"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetResponse: _TypeAlias = GetResponse  # noqa: Y015
+
+@_typing.final
+class PackedGetResults(_message.Message):
+    """A Get's results as columns, one entry per key in each repeated field (no message per key: a
+    batch of thousands decodes without an object per field). Grants are fixed-size little-endian
+    records, `replica_counts[i]` of them for key i, in key order: segment (index into
+    grant_segments, uint32), offset (uint64), length (uint64), mode (uint8), expires_ms (uint64),
+    flags (uint32), then mac_bytes of MAC.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODES_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    SIZES_FIELD_NUMBER: _builtins.int
+    CHECKSUMS_FIELD_NUMBER: _builtins.int
+    LEASE_IDS_FIELD_NUMBER: _builtins.int
+    REPLICA_COUNTS_FIELD_NUMBER: _builtins.int
+    GRANT_SEGMENTS_FIELD_NUMBER: _builtins.int
+    GRANTS_FIELD_NUMBER: _builtins.int
+    MAC_BYTES_FIELD_NUMBER: _builtins.int
+    grants: _builtins.bytes
+    mac_bytes: _builtins.int
+    @_builtins.property
+    def codes(self) -> _containers.RepeatedScalarFieldContainer[Global___ErrorCode.ValueType]:
+        """per key; OK (0) for a result with grants"""
+
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """per key: "" for OK"""
+
+    @_builtins.property
+    def sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def checksums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def lease_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def replica_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def grant_segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        codes: _abc.Iterable[Global___ErrorCode.ValueType] | None = ...,
+        messages: _abc.Iterable[_builtins.str] | None = ...,
+        sizes: _abc.Iterable[_builtins.int] | None = ...,
+        checksums: _abc.Iterable[_builtins.int] | None = ...,
+        lease_ids: _abc.Iterable[_builtins.int] | None = ...,
+        replica_counts: _abc.Iterable[_builtins.int] | None = ...,
+        grant_segments: _abc.Iterable[_builtins.str] | None = ...,
+        grants: _builtins.bytes = ...,
+        mac_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksums", b"checksums", "codes", b"codes", "grant_segments", b"grant_segments", "grants", b"grants", "lease_ids", b"lease_ids", "mac_bytes", b"mac_bytes", "messages", b"messages", "replica_counts", b"replica_counts", "sizes", b"sizes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackedGetResults: _TypeAlias = PackedGetResults  # noqa: Y015
 
 @_typing.final
 class ExistsRequest(_message.Message):

@@ -27,6 +27,7 @@ from kvstore.results import (
 from kvstore.shards import ShardMap
 from kvstore.types import Endpoint, Grant, GrantMode, MoveKind, MoveTask, SegmentInfo, Tier
 from kvstore.v1 import meta_pb2 as pb
+from kvstore.wire import packed
 
 _TIER_TO_PB = {Tier.GPU: pb.TIER_GPU, Tier.DRAM: pb.TIER_DRAM, Tier.SSD: pb.TIER_SSD}
 _TIER_FROM_PB = {v: k for k, v in _TIER_TO_PB.items()}
@@ -198,7 +199,10 @@ def put_end_reply_from_pb(msg: pb.PutEndResponse) -> PutEndReply:
 
 
 def get_reply_to_pb(reply: GetReply) -> pb.GetResponse:
-    grant = grant_to_pb
+    segments = [segment_to_pb(s) for s in reply.segments.values()]
+    if reply.packed:
+        return pb.GetResponse(packed=packed.pack(reply.results), segments=segments, lease_ms=reply.lease_ms)
+    grant = grant_to_pb  # a message per key, for a caller that did not ask for columns
     return pb.GetResponse(  # an unset status reads as OK (code 0): most results leave it out
         results=[
             pb.GetResult(size=r.size, checksum=r.checksum, replicas=[grant(g) for g in r.grants], lease_id=r.lease_id)
@@ -206,20 +210,23 @@ def get_reply_to_pb(reply: GetReply) -> pb.GetResponse:
             else pb.GetResult(status=status_to_pb(r.code, r.message))
             for r in reply.results
         ],
-        segments=[segment_to_pb(s) for s in reply.segments.values()],
+        segments=segments,
         lease_ms=reply.lease_ms,
     )
 
 
 def get_reply_from_pb(msg: pb.GetResponse) -> GetReply:
-    grant = grant_from_pb
-    results = tuple(
-        GetResult(size=r.size, checksum=r.checksum, grants=tuple(grant(g) for g in r.replicas), lease_id=r.lease_id)
-        if r.status.code == pb.OK
-        else GetResult(code_from_pb(r.status.code), r.status.message)
-        for r in msg.results
-    )
-    return GetReply(results, segments_by_id(msg.segments), msg.lease_ms)
+    if msg.HasField("packed"):
+        results = packed.unpack(msg.packed, _CODES)
+    else:  # a message per key: the caller did not ask for columns, or the service predates them
+        grant = grant_from_pb
+        results = tuple(
+            GetResult(size=r.size, checksum=r.checksum, grants=tuple(grant(g) for g in r.replicas), lease_id=r.lease_id)
+            if r.status.code == pb.OK
+            else GetResult(code_from_pb(r.status.code), r.status.message)
+            for r in msg.results
+        )
+    return GetReply(results, segments_by_id(msg.segments), msg.lease_ms, msg.HasField("packed"))
 
 
 # -- daemons ---------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def test_the_same_key_of_two_tenants_is_two_objects_and_neither_sees_the_other(h
     assert put(h, a, ["k"])[0] == [ErrorCode.OK]
     assert call(h, "Exists", b, keys=["k"]).exists == [False]
     assert call(h, "MatchPrefix", b, keys=["k"]).count == 0
-    assert call(h, "Get", b, keys=["k"]).results[0].status.code == pb.KEY_NOT_FOUND
+    assert convert.get_reply_from_pb(call(h, "Get", b, keys=["k"])).results[0].code is ErrorCode.KEY_NOT_FOUND
     assert put(h, b, ["k"])[0] == [ErrorCode.OK]  # no cross-tenant "already exists"
     assert call(h, "Exists", OPERATOR, keys=["k"]).exists == [False]  # the default tenant is a tenant too
     removed = call(h, "Remove", b, keys=["k"])
@@ -95,7 +95,7 @@ def test_answers_name_a_tenants_own_keys_only(h):
     assert list(listing.keys) == ["mine/1"] and listing.next_cursor == "mine/1"
     assert list(call(h, "ListKeys", a, prefix="", cursor="mine/1").keys) == ["mine/2"]
     assert list(call(h, "ListKeys", OPERATOR).keys) == []  # the default tenant lists none of a's
-    missing = call(h, "Get", a, keys=["nope"]).results[0].status.message
+    missing = convert.get_reply_from_pb(call(h, "Get", a, keys=["nope"])).results[0].message
     assert "'nope'" in missing and "\\x00" not in missing
     described = call(h, "Describe", a, keys=["nope"]).keys[0].status.message
     assert "'nope'" in described and "\\x00" not in described
