@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvstore.bench.trace import flags as trace_flags
+
 SECTION_NAMES = "ceilings,throughput,latency,prefix,engine,metamem"
 
 
@@ -71,3 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated subset to run, in fixed order (default: {SECTION_NAMES}; "
         "plus peers with --compare, tiers with --tiers)",
     )
+    forms = parser.add_subparsers(dest="bench_form", metavar="trace", title="other forms")
+    trace = forms.add_parser("trace", help=trace_flags.SUMMARY, description=trace_flags.SUMMARY)
+    trace_flags.add_arguments(trace)

@@ -20,6 +20,7 @@ from kvstore.bench.options import BenchOptions, options_from_args
 from kvstore.bench.procs import LocalStore
 from kvstore.bench.report import render
 from kvstore.bench.results import Results, Skipped, to_json
+from kvstore.bench.trace import command as trace_command
 
 DAEMON_DEFAULT_TRANSPORTS = ("shm", "tcp")  # what the daemon serves without --transports
 
@@ -101,6 +102,8 @@ def document(options: BenchOptions, results: Results) -> dict[str, object]:
 def main(args: argparse.Namespace) -> int:
     from kvstore.errors import KVStoreError
 
+    if getattr(args, "bench_form", None) == "trace":  # `kvstore bench trace FILE`
+        return trace_command.main(args)
     try:
         options = options_from_args(args)
         if options.compare:
