@@ -4,7 +4,9 @@ benchmark: `python -m tests.vllm.instance '<json settings>'`.
 Prints `kvstore ready: instance pid=N` once the engine is up, then answers each JSON command line
 with one `RESULT {json}` line:
 
-    {"op": "generate", "prompts": [[ids...]], "max_tokens": 16}  -> tokens, seconds, kv_transfer_params
+    {"op": "generate", "prompts": [[ids...]], "max_tokens": 16}  -> tokens, seconds, kv_transfer_params,
+                                                                    cached_tokens (prompt tokens vLLM did not
+                                                                    compute: its prefix cache + connector)
         ("batch": true: all prompts in one generate call, in flight together; one shared time)
     {"op": "stats"}                                              -> the connector's counters
     {"op": "exit"}
@@ -72,7 +74,7 @@ def generate(llm, cmd: dict[str, Any]) -> dict[str, Any]:
         ignore_eos=True,
         extra_args={"kv_transfer_params": cmd["kv_transfer_params"]} if cmd.get("kv_transfer_params") else None,
     )
-    tokens, seconds, kv_params = [], [], []
+    tokens, seconds, kv_params, cached = [], [], [], []
     if cmd.get("batch"):  # in flight together: the scheduler batches them in its steps
         start = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in cmd["prompts"]], params, use_tqdm=False)
@@ -81,6 +83,7 @@ def generate(llm, cmd: dict[str, Any]) -> dict[str, Any]:
             "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "seconds": [wall] * len(outs),
             "kv_transfer_params": [o.kv_transfer_params for o in outs],
+            "cached_tokens": [o.num_cached_tokens for o in outs],
             "stats": connector_stats(),
         }
     for ids in cmd["prompts"]:  # one at a time: each is timed on its own
@@ -89,7 +92,14 @@ def generate(llm, cmd: dict[str, Any]) -> dict[str, Any]:
         seconds.append(time.perf_counter() - start)
         tokens.append(list(out.outputs[0].token_ids))
         kv_params.append(out.kv_transfer_params)
-    return {"tokens": tokens, "seconds": seconds, "kv_transfer_params": kv_params, "stats": connector_stats()}
+        cached.append(out.num_cached_tokens)
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "kv_transfer_params": kv_params,
+        "cached_tokens": cached,
+        "stats": connector_stats(),
+    }
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 WORDS_SEED = 1234
 VOCAB_SIZE = 512
@@ -50,15 +51,31 @@ def build_tiny_llama(
 ) -> Path:
     """Write the model (fp32; by default head size 32, the smallest the CPU attention kernel takes)
     to `path`. Larger shapes make the benchmark's bigger models."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    return _write_llama(Path(path), _llama_config(layers, hidden, heads, kv_heads, intermediate, max_positions), seed)
 
-    path = Path(path)
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
-        return path
-    path.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(path)
-    config = LlamaConfig(
+
+def build_tiny_hybrid(path: Path, layer_types: list[str], sliding_window: int, **shape: int) -> Path:
+    """A hybrid tiny Llama: `layer_types` ("full_attention" / "sliding_attention", one per layer)
+    with a `sliding_window` in tokens. vLLM gives its sliding-window and full-attention layers
+    separate KV cache groups. `shape`: build_tiny_llama's other sizes."""
+    seed = shape.pop("seed", 0)
+    config = _llama_config(len(layer_types), **shape)
+    config.layer_types = list(layer_types)
+    config.sliding_window = sliding_window
+    return _write_llama(Path(path), config, seed)
+
+
+def _llama_config(
+    layers: int,
+    hidden: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int | None = None,
+    max_positions: int = 4096,
+) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=hidden,
         intermediate_size=intermediate or 2 * hidden,
@@ -71,9 +88,19 @@ def build_tiny_llama(
         tie_word_embeddings=False,
         dtype="float32",
     )
+
+
+def _write_llama(path: Path, config: Any, seed: int) -> Path:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(path)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    std = min(0.08, 1.0 / hidden**0.5)
+    std = min(0.08, 1.0 / config.hidden_size**0.5)
     with torch.no_grad():  # larger weights than the default init: sharper, input-dependent logits
         for p in model.parameters():
             if p.dim() > 1:

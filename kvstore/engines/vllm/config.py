@@ -13,7 +13,9 @@
  "lookup_timeout_s": 2.0,         # scheduler lookups; a failed one is a miss
  "lookup_backoff_s": 5.0,         # after a failed lookup, skip lookups this long
  "transfer_timeout_s": 10.0,      # worker loads / saves
- "transports": ["shm", "tcp"]}
+ "transports": ["shm", "tcp"],
+ "stage_host_caches": false}      # move a CPU cache through host staging rows as a CUDA cache is
+                                  #   moved (its host stand-in: the same code path, for tests)
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class ConnectorConfig:
     lookup_backoff_s: float = 5.0
     transfer_timeout_s: float = 10.0
     transports: tuple[str, ...] = ("shm", "tcp")
+    stage_host_caches: bool = False
 
     def __post_init__(self) -> None:
         if not self.meta:

@@ -13,10 +13,19 @@ vLLM builds it twice: in the scheduler (role SCHEDULER, `SchedulerSide`) and in 
 only loads, kv_both does both (prefix reuse across requests and restarts). Each worker names its
 blocks from the cache tensors it is given and reports that naming to the scheduler through vLLM's
 handshake metadata, so both sides use identical keys.
+
+Hybrid models (several KV cache groups: sliding-window or Mamba layers beside full attention) are
+supported through vLLM's hybrid memory allocator (`SupportsHMA`): blocks arrive as one list per
+group, each chunk of `lcm(block sizes)` tokens is stored as one object holding every group's blocks
+(staged_codec.py), and a lookup applies each group's own needs (groups.py). Such a model loads
+asynchronously only (vLLM takes a multi-group load failure only by request, in `failed_recving`,
+which exists for async loads) and saves synchronously (vLLM frees sliding-window blocks while
+the request runs, so a save must end within its step).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,13 +34,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvstore.engines.keys import Granularity
 from kvstore.engines.vllm.config import ConnectorConfig
+from kvstore.engines.vllm.groups import GroupLayout
 from kvstore.engines.vllm.metadata import NamingHandshake, StepMetadata, TransferPromMetrics, TransferStats
 from kvstore.engines.vllm.scheduler import SchedulerSide
 from kvstore.engines.vllm.worker import WorkerSide
+from kvstore.errors import InvalidArgument
+
+log = logging.getLogger("vllm.kvstore.connector")
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -44,7 +60,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
-class KVStoreConnector(KVConnectorBase_V1):
+class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
@@ -55,19 +71,24 @@ class KVStoreConnector(KVConnectorBase_V1):
             ktc.kv_connector_extra_config, _served_name(model.served_model_name) or model.model
         )
         groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
-        if len(groups) > 1:
-            raise ValueError(
-                "kvstore connector: models with several KV cache groups (hybrid attention) are not supported"
-            )
         self.block_size = groups[0].kv_cache_spec.block_size if groups else vllm_config.cache_config.block_size
+        self.groups = GroupLayout.from_kv_cache_config(kv_cache_config) if len(groups) > 1 else None
+        if self.groups is not None:
+            _check_hybrid(self.config, self.groups)
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             # Every role loads what kvstore holds; producers (kv_producer, kv_both) also save.
-            self.scheduler = SchedulerSide(self.config, self.block_size, load=True, save=ktc.is_kv_producer)
+            self.scheduler = SchedulerSide(
+                self.config, self.block_size, load=True, save=ktc.is_kv_producer, groups=self.groups
+            )
         else:
             self.worker = WorkerSide(
-                self.config, self.block_size, kv_cache_config.num_blocks, _layout_suffix(vllm_config)
+                self.config,
+                self.block_size,
+                kv_cache_config.num_blocks,
+                _layout_suffix(vllm_config),
+                groups=self.groups,
             )
 
     def _worker_side(self) -> WorkerSide:
@@ -107,6 +128,11 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._worker_side().finished(finished_req_ids)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        results = super().get_transfer_results(finished_req_ids)
+        results.failed_recving = self._worker_side().failed_loads()
+        return results
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker_side().load_errors()
@@ -150,22 +176,30 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
-            self._scheduler_side().after_alloc(request, blocks.get_block_ids()[0], num_external_tokens)
+            ids = blocks.get_block_ids()
+            self._scheduler_side().after_alloc(request, ids if self.groups is not None else ids[0], num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         manager = self._kv_cache_manager
 
-        def block_ids_of(req_id: str) -> list[int]:
+        def block_ids_of(req_id: str) -> tuple[list[int], ...] | list[int]:
             if manager is None:  # vLLM's scheduler binds its cache manager before the first step
                 raise RuntimeError("kvstore connector: no KV cache manager bound")
-            return manager.get_block_ids(req_id)[0]
+            ids = manager.get_block_ids(req_id)
+            return ids if self.groups is not None else ids[0]
 
         return self._scheduler_side().build_meta(scheduler_output, block_ids_of)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._scheduler_side().load_errors(connector_output.invalid_block_ids or set())
+        self._scheduler_side().failed_loads(connector_output.failed_recving or set())
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler_side().finished(request)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler_side().finished(request)
 
     @property
@@ -180,6 +214,27 @@ class KVStoreConnector(KVConnectorBase_V1):
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         granularity: object = extra_config.get("granularity", "layer")
         return granularity == "layer"
+
+
+def _check_hybrid(config: ConnectorConfig, groups: GroupLayout) -> None:
+    if not config.load_async:
+        raise InvalidArgument(
+            "kvstore connector: a model with several KV cache groups needs load_async=true "
+            "(vLLM recovers from a failed load of such a model only for asynchronous loads)"
+        )
+    if config.save_async:
+        raise InvalidArgument(
+            "kvstore connector: a model with several KV cache groups needs save_async=false "
+            "(vLLM frees sliding-window blocks while a request runs, under an unfinished save)"
+        )
+    if config.granularity is Granularity.LAYER:
+        log.info(
+            "kvstore: %d KV cache groups (%s): each chunk of %d tokens is stored as one object "
+            "holding all groups (granularity 'layer' applies to single-group models)",
+            len(groups.groups),
+            groups.tag,
+            groups.chunk_tokens,
+        )
 
 
 def _served_name(name: Any) -> str:

@@ -22,11 +22,21 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 
 @dataclass(frozen=True)
 class BlockJob:
-    """Blocks of one request to move: block_ids[i] holds the block whose chained hash is hashes[i]."""
+    """Blocks of one request to move: block_ids[i] holds the block whose chained hash is hashes[i].
+    A hybrid model's job names chunks instead (groups.py): chunks[i] lists every KV cache group's
+    blocks of chunk hashes[i], and block_ids is empty."""
 
     req_id: str
     hashes: tuple[bytes, ...]
     block_ids: tuple[int, ...]
+    chunks: tuple[tuple[int, ...], ...] = ()
+
+    def refs(self) -> tuple[tuple[int, ...], ...]:
+        """What holds each hash: its chunk's block ids, or the one block (as a 1-tuple)."""
+        return self.chunks or tuple((b,) for b in self.block_ids)
+
+    def all_block_ids(self) -> set[int]:
+        return {b for ref in self.refs() for b in ref}
 
 
 @dataclass(frozen=True)

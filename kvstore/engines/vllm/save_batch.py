@@ -28,8 +28,13 @@ _Key = tuple[bytes, "int | None"]
 class SaveBatch(NamedTuple):
     """What one put_many of a step should carry, and what it leaves to others."""
 
+    @property
+    def block_ids(self) -> list[int]:
+        """Single-group batches: the block of each hash."""
+        return [ref[0] for ref in self.refs]
+
     hashes: list[bytes]  # each once, none being written by a save in flight
-    block_ids: list[int]  # block_ids[i] holds the block whose hash is hashes[i]
+    refs: list[tuple[int, ...]]  # refs[i] holds hashes[i]: its block (1-tuple) or chunk (BlockJob.refs)
     waits: list[Future[Any]]  # saves in flight writing blocks these jobs also need
     repeated: int  # blocks left out: an earlier job of this batch has them
     in_flight: int  # blocks left out: a save in flight is writing them
@@ -47,13 +52,13 @@ class InFlightSaves:
         """The batch for `jobs` (one step's saves) and `layer` (None: whole blocks). Changes
         nothing: call `started` once the batch is submitted."""
         hashes: list[bytes] = []
-        ids: list[int] = []
+        refs: list[tuple[int, ...]] = []
         waits: dict[int, Future[Any]] = {}
         seen: set[bytes] = set()
         repeated = in_flight = 0
         with self._lock:
             for job in jobs:
-                for h, block_id in zip(job.hashes, job.block_ids):
+                for h, ref in zip(job.hashes, job.refs()):
                     if h in seen:
                         repeated += 1
                         continue
@@ -64,8 +69,8 @@ class InFlightSaves:
                         waits[id(earlier)] = earlier
                         continue
                     hashes.append(h)
-                    ids.append(block_id)
-        return SaveBatch(hashes, ids, list(waits.values()), repeated, in_flight)
+                    refs.append(ref)
+        return SaveBatch(hashes, refs, list(waits.values()), repeated, in_flight)
 
     def started(self, batch: SaveBatch, layer: int | None, future: Future[Any]) -> None:
         """`future` writes `batch`: later batches leave its keys out until it is done."""

@@ -1,9 +1,11 @@
 """The connector's scheduler side: how much of each prompt kvstore holds, which blocks to load and
 to save each step, and when a finished request's blocks may be freed.
 
-One `match_prefix` per lookup over the request's block keys. Only full prompt blocks are named (the
-chained hashes of kvstore.engines.keys). A synchronous load never claims the prompt's last token,
-which vLLM must compute to sample; after an asynchronous load vLLM recomputes that one token itself.
+One store call per lookup (lookups.py). Only full prompt blocks are named (the chained hashes of
+kvstore.engines.keys); a hybrid model's prompt is named in chunks that span a block of every KV
+cache group, and saved only in chunks every group still holds (groups.py). A synchronous load never
+claims the prompt's last token, which vLLM must compute to sample; after an asynchronous load vLLM
+recomputes that one token itself.
 A failed lookup is a miss, and lookups pause for `lookup_backoff_s` so a store that is down costs
 each request nothing (nor does it wait for blocks a prefill promised: they cannot arrive).
 
@@ -19,13 +21,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from kvstore import blockhash
-from kvstore.client import KVClient, KVStoreError
-from kvstore.config import ClientConfig
 from kvstore.engines.keys import KeyScheme
 from kvstore.engines.vllm.config import ConnectorConfig
+from kvstore.engines.vllm.groups import GroupKind, GroupLayout
+from kvstore.engines.vllm.lookups import Lookup, StoreLookups
 from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata, TransferStats
 
 log = logging.getLogger("vllm.kvstore.scheduler")
@@ -55,30 +57,38 @@ class _Tracked:
     last_ask: float = 0.0
 
 
-class Lookup(NamedTuple):
-    blocks: int  # leading blocks kvstore holds whole
-    failed: bool  # kvstore did not answer (or was failing: not asked)
-
-
 class SchedulerSide:
     def __init__(
-        self, config: ConnectorConfig, block_size: int, load: bool, save: bool, client: Any | None = None
+        self,
+        config: ConnectorConfig,
+        block_size: int,
+        load: bool,
+        save: bool,
+        client: Any | None = None,
+        groups: GroupLayout | None = None,
     ) -> None:
         self.config = config
-        self.block_size = block_size
+        # A hybrid model (several KV cache groups) is named and looked up in chunks (groups.py).
+        self.groups = groups if groups is not None and groups.hybrid else None
+        self.block_size = self.groups.chunk_tokens if self.groups is not None else block_size
+        # A hit ending on the prompt's last token is not offered when some group keeps only its
+        # last blocks (sliding window, state): vLLM recomputes that token, and the blocks it
+        # needs to do so would lie outside what it allocated for the hit.
+        self._keep_last_token = self.groups is not None and any(
+            g.kind is not GroupKind.FULL for g in self.groups.groups
+        )
         self.load_enabled = load
         self.save_enabled = save
         # Hashes depend only on the seed and block size, so they can be computed before the
         # workers report how they lay out blocks; keys need that layout (`naming`).
         self._hashing = KeyScheme(
-            model=config.model_id, layout="-", block_size=block_size, tenant=config.tenant, seed=config.hash_seed
+            model=config.model_id, layout="-", block_size=self.block_size, tenant=config.tenant, seed=config.hash_seed
         )
         self.scheme: KeyScheme | None = None
         self.parts: list[int] | None = None
-        self._client = client
+        self.lookups = StoreLookups(config, self.groups, self._count, client)
         self._requests: dict[str, _Tracked] = {}
         self._loads: list[LoadJob] = []
-        self._skip_lookups_until = 0.0
         self.stats = {
             "lookups": 0,
             "lookup_failures": 0,
@@ -120,20 +130,8 @@ class SchedulerSide:
             first.fingerprint,
         )
 
-    def client(self) -> KVClient:
-        if self._client is None:
-            self._client = KVClient(
-                self.config.meta,
-                ClientConfig(
-                    timeout_s=self.config.lookup_timeout_s, transports=self.config.transports, token=self.config.token
-                ),
-            )
-        return self._client
-
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self.lookups.close()
 
     def _count(self, **values: int) -> None:
         for name, value in values.items():
@@ -164,24 +162,7 @@ class SchedulerSide:
     def _stored_blocks(self, hashes: list[bytes]) -> Lookup:
         if not hashes or self.scheme is None:
             return Lookup(0, False)
-        if time.monotonic() < self._skip_lookups_until:
-            self._count(lookups_skipped=1)
-            return Lookup(0, True)
-        self._count(lookups=1)
-        keys = self.scheme.object_keys(hashes, self.parts)
-        try:
-            found = self.client().match_prefix(keys)
-        except KVStoreError as exc:
-            self._count(lookup_failures=1)
-            self._skip_lookups_until = time.monotonic() + self.config.lookup_backoff_s
-            log.warning(
-                "kvstore: lookup failed (%s: %s); treating requests as uncached for %.1fs",
-                type(exc).__name__,
-                exc,
-                self.config.lookup_backoff_s,
-            )
-            return Lookup(0, True)
-        return Lookup(found // len(self.parts or [None]), False)
+        return self.lookups.stored(self.scheme.object_keys(hashes, self.parts), len(self.parts or [None]))
 
     def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         if not self.load_enabled:
@@ -190,7 +171,7 @@ class SchedulerSide:
         if t.load_failed:
             return 0, False
         cap = len(t.hashes)
-        if not self.config.load_async:
+        if not self.config.load_async or self._keep_last_token:
             # A load before the forward must leave the last prompt token to compute; after an async
             # load vLLM itself recomputes just that token, so every full block can be loaded.
             cap = min(cap, (request.num_prompt_tokens - 1) // self.block_size)
@@ -227,17 +208,21 @@ class SchedulerSide:
             return 0, False
         return external, self.config.load_async
 
-    def after_alloc(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
+    def after_alloc(self, request: Any, block_ids: Any, num_external_tokens: int) -> None:
+        """`block_ids`: the request's block table (a hybrid model's: one list per group)."""
         if num_external_tokens <= 0:
             return
         t = self._track(request)
         first = t.local_tokens // self.block_size
         last = first + num_external_tokens // self.block_size
-        job = LoadJob(
-            request.request_id, tuple(t.hashes[first:last]), tuple(block_ids[first:last]), self.config.load_async
-        )
+        hashes = tuple(t.hashes[first:last])
+        if self.groups is not None:
+            chunks = tuple(self.groups.chunk_blocks(block_ids, first, last))
+            job = LoadJob(request.request_id, hashes, (), chunks, asynchronous=self.config.load_async)
+        else:
+            job = LoadJob(request.request_id, hashes, tuple(block_ids[first:last]), asynchronous=self.config.load_async)
         self._loads.append(job)
-        t.loading = frozenset(job.block_ids)
+        t.loading = frozenset(job.all_block_ids())
         t.loaded_blocks += len(job.block_ids)
         self.stats["hit_requests"] += 1
         self.stats["hit_tokens"] += num_external_tokens
@@ -256,12 +241,23 @@ class SchedulerSide:
                 self._count(recomputed_tokens=failed * self.block_size)
                 log.info("kvstore: request %s recomputes the %d blocks it could not load", req_id, failed)
 
+    def failed_loads(self, req_ids: set[str]) -> None:
+        """Workers could not load these (hybrid) requests: vLLM recomputes each whole prompt."""
+        for req_id in req_ids:
+            t = self._requests.get(req_id)
+            if t is not None and not t.load_failed:
+                t.load_failed = True
+                t.missing_blocks += t.loaded_blocks
+                self._count(recomputed_tokens=t.loaded_blocks * self.block_size)
+                t.loaded_blocks = 0
+                log.info("kvstore: request %s could not load its chunks; vLLM recomputes it", req_id)
+
     # -- per step ------------------------------------------------------------------------------
 
     def build_meta(self, scheduler_output: Any, block_ids_of: Any) -> StepMetadata:
         """The step's loads (from after_alloc) and saves: every full prompt block that this step
         completes and kvstore does not already hold. `block_ids_of(req_id)` is the request's
-        block table."""
+        block table (a hybrid model's: one list per group)."""
         meta = StepMetadata(loads=self._loads, preempted=set(scheduler_output.preempted_req_ids or ()))
         self._loads = []
         if not self.save_enabled:
@@ -279,12 +275,17 @@ class SchedulerSide:
             start = max(t.dispatched, t.stored)
             if done <= start:
                 continue
-            ids = block_ids_of(req_id)[start:done]
-            meta.saves.append(BlockJob(req_id, tuple(t.hashes[start:done]), tuple(ids)))
+            meta.saves.extend(self._save_job(req_id, t.hashes, block_ids_of(req_id), start, done))
             t.dispatched = done
             t.saving = True
             self.stats["saved_blocks_dispatched"] += done - start
         return meta
+
+    def _save_job(self, req_id: str, hashes: list[bytes], block_ids: Any, start: int, done: int) -> list[BlockJob]:
+        if self.groups is None:
+            return [BlockJob(req_id, tuple(hashes[start:done]), tuple(block_ids[start:done]))]
+        whole = self.groups.whole_chunks(hashes[start:done], block_ids, start)
+        return [BlockJob(req_id, tuple(h for h, _ in whole), (), tuple(c for _, c in whole))] if whole else []
 
     def finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
         """(hold the blocks until the workers ack the saves, kv_transfer_params for the response).

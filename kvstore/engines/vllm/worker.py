@@ -3,7 +3,10 @@ forward pass computes them, loads run before the forward or between steps, and e
 reported by block id so that vLLM (kv_load_failure_policy "recompute") recomputes those blocks.
 
 Bytes move between vLLM's cache tensors and kvstore through kvstore.engines.codec, straight from and
-into the cache blocks (no staging copy at "layer" granularity). Nothing here raises a store error
+into the cache blocks of a CPU cache (no staging copy at "layer" granularity); a CUDA cache and a
+hybrid model's chunks go through host staging rows instead (planes.py, staged_codec.py), copied on
+a side stream as each layer (whole objects: the step) finishes. A hybrid model's failed load is
+reported by request, not block (vLLM's block ids are per group). Nothing here raises a store error
 into vLLM: a failed save costs a later recompute, a failed load is recomputed now.
 """
 
@@ -18,72 +21,38 @@ import torch
 
 from kvstore.client import KVClient, KVStoreError
 from kvstore.config import ClientConfig
-from kvstore.engines.codec import KVBlockCodec, LoadResult, SaveResult, SchemeMismatch, layout_name
+from kvstore.engines.codec import KVBlockCodec, LoadResult, SaveResult, SchemeMismatch
 from kvstore.engines.keys import Granularity, KeyScheme
 from kvstore.engines.vllm.config import ConnectorConfig
+from kvstore.engines.vllm.groups import GroupLayout
 from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata, TransferStats
+from kvstore.engines.vllm.planes import UnsupportedCache, cache_planes, open_codec, read_planes
 from kvstore.engines.vllm.save_batch import InFlightSaves
+from kvstore.engines.vllm.staged_codec import StagedCodec
 
 log = logging.getLogger("vllm.kvstore.worker")
-
-
-class UnsupportedCache(ValueError):
-    """The KV cache tensors are not laid out as block-major CPU memory this connector can move."""
-
-
-def cache_planes(
-    kv_caches: dict[str, torch.Tensor], num_blocks: int
-) -> tuple[list[torch.Tensor], list[int], dict[str, int]]:
-    """Split vLLM's per-layer cache tensors into block-major planes, whatever the backend's layout:
-    `[num_blocks, ...]` (CPU, MLA, ...) is one plane; `[2, num_blocks, ...]` is two (K and V).
-    Returns (planes, layer index of each plane, layer index of each layer name). Layers that share
-    one tensor (cross-layer KV sharing) are stored once."""
-    planes: list[torch.Tensor] = []
-    layer_of_plane: list[int] = []
-    layer_of_name: dict[str, int] = {}
-    seen: dict[tuple[int, tuple[int, ...]], int] = {}
-    for name, t in kv_caches.items():
-        ident = (t.data_ptr(), tuple(t.shape))
-        if ident in seen:
-            layer_of_name[name] = seen[ident]
-            continue
-        layer = seen[ident] = layer_of_name[name] = len(seen)
-        if t.device.type != "cpu":
-            raise UnsupportedCache(
-                f"layer {name}: the KV cache is on {t.device}; this connector moves CPU caches (vLLM's CPU build) only"
-            )
-        if t.dim() >= 2 and t.shape[0] == num_blocks:
-            split = [t]
-        elif t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == num_blocks:
-            split = [t[0], t[1]]
-        else:
-            raise UnsupportedCache(
-                f"layer {name}: KV cache shape {tuple(t.shape)} has no block dimension "
-                f"of size {num_blocks} first (or after a leading K/V dimension of 2)"
-            )
-        for plane in split:
-            if not plane[0].is_contiguous():
-                raise UnsupportedCache(
-                    f"layer {name}: a block of shape {tuple(plane.shape[1:])} is not "
-                    "contiguous; it cannot be moved as one object"
-                )
-            planes.append(plane)
-            layer_of_plane.append(layer)
-    if not planes:
-        raise UnsupportedCache("no KV cache tensors were registered")
-    return planes, layer_of_plane, layer_of_name
+__all__ = ["UnsupportedCache", "WorkerSide", "cache_planes"]  # cache_planes: where tests have found it
 
 
 class WorkerSide:
     def __init__(
-        self, config: ConnectorConfig, block_size: int, num_blocks: int, layout_suffix: str, client: Any | None = None
+        self,
+        config: ConnectorConfig,
+        block_size: int,
+        num_blocks: int,
+        layout_suffix: str,
+        client: Any | None = None,
+        groups: GroupLayout | None = None,
     ) -> None:
         self.config = config
-        self.block_size = block_size
+        self.groups = groups if groups is not None and groups.hybrid else None
+        # A hybrid model's keys name chunks (groups.py): its block size is the chunk's.
+        self.block_size = self.groups.chunk_tokens if self.groups is not None else block_size
         self.num_blocks = num_blocks
         self.layout_suffix = layout_suffix
         self._client = client
-        self.codec: KVBlockCodec | None = None
+        self.codec: KVBlockCodec | StagedCodec | None = None
+        self._failed_loads: set[str] = set()  # hybrid: requests whose async load fell short
         self.handshake: NamingHandshake | None = None
         self._layer_of_name: dict[str, int] = {}
         self._save_pool = ThreadPoolExecutor(1, thread_name_prefix="kvstore-save")
@@ -105,8 +74,9 @@ class WorkerSide:
     # -- registration ----------------------------------------------------------------------------
 
     def register(self, kv_caches: dict[str, torch.Tensor], model: str) -> NamingHandshake:
-        planes, layer_of_plane, self._layer_of_name = cache_planes(kv_caches, self.num_blocks)
-        layout = f"{layout_name(planes, self.config.granularity)}-{self.layout_suffix}"
+        cache = read_planes(kv_caches, self.num_blocks, self.groups, self.config.granularity)
+        self._layer_of_name = cache.layer_of_name
+        layout = f"{cache.layout}-{self.layout_suffix}"
         scheme = KeyScheme(
             model=model,
             layout=layout,
@@ -121,7 +91,7 @@ class WorkerSide:
                     timeout_s=self.config.transfer_timeout_s, transports=self.config.transports, token=self.config.token
                 ),
             )
-        self.codec = KVBlockCodec(self._client, scheme, planes, self.config.granularity, layer_of_plane)
+        self.codec = open_codec(self._client, scheme, cache, self.groups, self.config)
         try:
             self.codec.check_scheme()
         except SchemeMismatch:
@@ -145,9 +115,9 @@ class WorkerSide:
         )
         log.info(
             "kvstore: registered %d cache planes of %d blocks for %d layers as %s (%d bytes a block)",
-            len(planes),
+            len(cache.planes),
             self.num_blocks,
-            len(set(layer_of_plane)),
+            len(set(cache.layer_of_plane)),
             scheme.namespace,
             self.codec.block_nbytes,
         )
@@ -166,21 +136,34 @@ class WorkerSide:
         """Start this step's loads. `idle`: the step runs no forward pass (vLLM is only waiting
         for transfers), so `finished` may block briefly instead of letting the engine spin."""
         self._idle_step = idle
+        after = self.codec.mark() if isinstance(self.codec, StagedCodec) and meta.loads else None
         for job in meta.loads:
             if self.codec is None:
                 self._load_errors.update(job.block_ids)
                 continue
             if job.asynchronous:
-                future = self._load_pool.submit(self.codec.load, list(job.hashes), list(job.block_ids))
+                future = self._load_pool.submit(self._load, self.codec, job, after)
                 self._loading[job.req_id] = (job, future)
             else:
-                self._loaded(job, self.codec.load(list(job.hashes), list(job.block_ids)))
+                self._loaded(job, self._load(self.codec, job, after))
+
+    @staticmethod
+    def _load(codec: KVBlockCodec | StagedCodec, job: BlockJob, after: Any) -> LoadResult:
+        """`after`: the engine stream's work when the load was asked for (staged codecs wait for it)."""
+        if isinstance(codec, StagedCodec):
+            return codec.load(list(job.hashes), list(job.refs()), after)
+        return codec.load(list(job.hashes), list(job.block_ids))
 
     def _loaded(self, job: LoadJob, result: LoadResult) -> None:
-        failed = job.block_ids[result.blocks_loaded :]
+        failed = job.refs()[result.blocks_loaded :]
         self._count(loads=1, load_blocks=result.blocks_loaded, load_bytes=result.nbytes, load_s=result.seconds)
         if failed:
-            self._load_errors.update(failed)
+            if self.groups is not None:
+                # Block ids are per group, so vLLM takes a hybrid model's load failures by request
+                # (KVConnectorTransferResults.failed_recving): it recomputes the whole request.
+                self._failed_loads.add(job.req_id)
+            else:
+                self._load_errors.update(ref[0] for ref in failed)
             self._count(load_failures=1, failed_blocks=len(failed))
             err = result.error
             log.warning(
@@ -206,12 +189,18 @@ class WorkerSide:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    def failed_loads(self) -> set[str]:
+        """Hybrid models: requests whose async load fell short since the last call (reported with
+        `finished`'s receives, in the same step)."""
+        failed, self._failed_loads = self._failed_loads, set()
+        return failed
+
     # -- saves -----------------------------------------------------------------------------------
 
     def save_layer(self, meta: StepMetadata, layer_name: str) -> None:
         """Layer `layer_name` of this step is computed: store that layer of every block the step
         completes (layer granularity; block granularity saves everything in `end_step`)."""
-        if not meta.saves or self.codec is None or self.config.granularity is not Granularity.LAYER:
+        if not meta.saves or self.codec is None or self._saves_whole(self.codec):
             return
         layer = self._layer_of_name.get(layer_name)
         if layer is not None:
@@ -221,7 +210,7 @@ class WorkerSide:
         """The forward pass is done. Synchronous saves: wait until this step's blocks are stored
         (by this step's saves, or by earlier ones still writing some of them), so a finished
         request's output goes out only after its KV is in kvstore."""
-        if meta.saves and self.codec is not None and self.config.granularity is Granularity.BLOCK:
+        if meta.saves and self.codec is not None and self._saves_whole(self.codec):
             self._submit_save(self.codec, meta.saves, None)
         futures, self._step_saves = self._step_saves, []
         waits, self._step_waits = list(self._step_waits.values()), {}
@@ -238,7 +227,11 @@ class WorkerSide:
                 earlier.result()
             self._collect_saves(futures)
 
-    def _submit_save(self, codec: KVBlockCodec, jobs: Sequence[BlockJob], layer: int | None) -> None:
+    def _saves_whole(self, codec: KVBlockCodec | StagedCodec) -> bool:
+        """Whole blocks (chunks) at the end of the step, else each layer as it finishes."""
+        return codec.whole if isinstance(codec, StagedCodec) else self.config.granularity is Granularity.BLOCK
+
+    def _submit_save(self, codec: KVBlockCodec | StagedCodec, jobs: Sequence[BlockJob], layer: int | None) -> None:
         """Submit one put_many for `jobs`' blocks (of `layer`; None: whole blocks), each block
         once and none that a save in flight is already writing (save_batch.py)."""
         batch = self._in_flight.plan(jobs, layer)
@@ -248,7 +241,13 @@ class WorkerSide:
         if not batch.hashes:
             return
         layers = None if layer is None else [layer]
-        future = self._save_pool.submit(codec.save, batch.hashes, batch.block_ids, layers)
+        future: Future[SaveResult]
+        if isinstance(codec, StagedCodec):
+            # The copy out of the cache is queued now, on this (the engine's) thread: after the
+            # layer's compute on its stream, before the blocks can be reused. Only the put waits.
+            future = self._save_pool.submit(codec.put, codec.stage(batch.hashes, batch.refs, layers))
+        else:
+            future = self._save_pool.submit(codec.save, batch.hashes, batch.block_ids, layers)
         self._in_flight.started(batch, layer, future)
         self._step_saves.append(future)
 
