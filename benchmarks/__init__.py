@@ -12,6 +12,8 @@ only, whose `kvstore bench` measures the store itself against its ceilings.
     security_cost  what TLS, tokens and tenants cost (docs/security.md)
     metrics_cost   what the metrics cost (docs/observability.md)
     demo           `kvstore demo`: the store, the router and reference engines under a workload
-    engines        the engines' KV load path against recomputing (kv_load); TTFT on a device (ttft)
+    engines        the engines' KV load path against recomputing (kv_load); TTFT on a device (ttft);
+                   kvstore as vLLM's offloading tier (tier; tiering drives vLLM's manager)
+    fleet          hosts in network namespaces with shaped links and partitions (tests/fleet, docs/fleet.md)
     router_sim     the router's policies replayed on simulated instances, with no machine noise
 """

@@ -1,0 +1,196 @@
+"""A client on a fleet host (`python -m tests.fleet.driver MODE ...`, started inside the host's
+namespace), recording every operation to a history (tests/fleet/history.py).
+
+    stream  puts batches of new keys, reads keys already put, removes a few, until a line
+            `stop` (or EOF) arrives on stdin; prints `driver ready` first, `driver done` last
+    verify  reads back every key the given histories put (phase "final"), retrying an
+            acknowledged key whose read fails until it reads or --within seconds pass
+    puts    --count put batches in a row; prints how many were acknowledged
+    links   puts and reads --count values of --mib MiB, then prints the link monitor's figures
+            as one JSON line `links: [...]`
+
+Values are a deterministic function of (seed, key), sized 4-32 KiB, so a read of another key's
+bytes cannot match. The token comes from $KVSTORE_TOKEN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+from kvstore.client import KVClient
+from kvstore.config import ClientConfig
+from kvstore.errors import KVStoreError
+from tests.fleet.history import HistoryWriter, digest, read_history
+
+MAX_VALUE = 32 << 10
+DEADLINES = 4  # an operation's deadline, in the client's timeout_s (metadata call, transfer, commit, retry)
+
+
+def value_of(seed: int, key: str) -> bytes:
+    size = 4096 + int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest()) % (MAX_VALUE - 4096)
+    return hashlib.shake_128(f"{seed}:{key}".encode()).digest(size)
+
+
+class Recorder:
+    """Runs batch calls on a KVClient, one history record per key."""
+
+    def __init__(self, client: KVClient, history: HistoryWriter, deadline_s: float, phase: str = "run") -> None:
+        self.client, self.history, self.deadline_s, self.phase = client, history, deadline_s, phase
+
+    def _invoke(self, op: str, keys: list[str], digests: list[str | None]) -> list[str]:
+        return [self.history.invoke(op, k, self.deadline_s, d, self.phase) for k, d in zip(keys, digests)]
+
+    def put(self, keys: list[str], values: list[bytes]) -> list[bool]:
+        ids = self._invoke("put", keys, [digest(v) for v in values])
+        try:
+            self.client.put_many(keys, values)
+        except Exception as exc:  # noqa: BLE001 - any error, typed or not, is recorded: the checker judges it
+            for op_id in ids:
+                self.history.complete(op_id, False, error=exc, leader=self.client.meta.current)
+            return [False] * len(keys)
+        for op_id in ids:
+            self.history.complete(op_id, True, leader=self.client.meta.current)
+        return [True] * len(keys)
+
+    def get(self, keys: list[str]) -> list[bool]:
+        ids = self._invoke("get", keys, [None] * len(keys))
+        buffers = [bytearray(MAX_VALUE) for _ in keys]
+        try:
+            results = self.client.get_many_into(keys, buffers, strict=False)
+        except Exception as exc:  # noqa: BLE001 - recorded, as above
+            results = [exc] * len(keys)
+        leader = self.client.meta.current
+        for op_id, buf, got in zip(ids, buffers, results):
+            if isinstance(got, BaseException):
+                self.history.complete(op_id, False, error=got, leader=leader)
+            else:
+                self.history.complete(op_id, True, digest(memoryview(buf)[:got]), leader=leader)
+        return [not isinstance(r, BaseException) for r in results]
+
+    def remove(self, keys: list[str]) -> list[bool]:
+        ids = self._invoke("remove", keys, [None] * len(keys))
+        try:
+            errors: list[BaseException | None] = list(self.client.remove_many(keys))
+        except Exception as exc:  # noqa: BLE001 - recorded, as above
+            errors = [exc] * len(keys)
+        for op_id, err in zip(ids, errors):
+            self.history.complete(op_id, err is None, error=err, leader=self.client.meta.current)
+        return [e is None for e in errors]
+
+
+def _client(args: argparse.Namespace) -> KVClient:
+    return KVClient(args.meta, ClientConfig(timeout_s=args.timeout))
+
+
+def stream(args: argparse.Namespace) -> None:
+    stop = threading.Event()
+
+    def watch_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    rng = random.Random(args.seed)
+    history = HistoryWriter(Path(args.history), args.client, args.tenant)
+    written: list[str] = []
+    acked: list[str] = []
+    n = 0
+    with _client(args) as client:
+        rec = Recorder(client, history, DEADLINES * args.timeout)
+        print("driver ready", flush=True)
+        while not stop.is_set():
+            r = rng.random()
+            if r < 0.5 or not written:
+                keys = [f"{args.client}/{args.seed}/{n}/{i}" for i in range(args.batch)]
+                n += 1
+                written += keys
+                ok = rec.put(keys, [value_of(args.seed, k) for k in keys])
+                acked += [k for k, o in zip(keys, ok) if o]
+                if not all(ok):
+                    stop.wait(0.05)  # back off a little, as an engine would
+            elif r < 0.92 or not acked:
+                rec.get(rng.sample(written, min(args.batch, len(written))))
+            else:
+                rec.remove([acked.pop(rng.randrange(len(acked)))])
+    history.close()
+    print(f"driver done puts={len(written)} acked={len(acked)}", flush=True)
+
+
+def verify(args: argparse.Namespace) -> None:
+    ops = read_history(Path(p) for p in args.read)
+    expected = {o.key: o.digest for o in ops if o.op == "put"}
+    removed = {o.key for o in ops if o.op == "remove"}
+    must = {o.key for o in ops if o.op == "put" and o.ok} - removed  # what must read back in the end
+    history = HistoryWriter(Path(args.history), args.client, args.tenant)
+    pending = sorted(expected)
+    deadline = time.monotonic() + args.within
+    with _client(args) as client:
+        rec = Recorder(client, history, DEADLINES * args.timeout, phase="final")
+        while pending:
+            again = []
+            for start in range(0, len(pending), 32):
+                keys = pending[start : start + 32]
+                again += [k for k, ok in zip(keys, rec.get(keys)) if not ok and k in must]
+            if not again or time.monotonic() > deadline:
+                break
+            pending = again
+            time.sleep(0.2)  # a retry's pace, not a wait for a condition: the loop ends on success
+    history.close()
+    print(f"driver verified {len(expected)} keys", flush=True)
+
+
+def puts(args: argparse.Namespace) -> None:
+    """--count put batches one after the other; prints `acked N of M batches`."""
+    history = HistoryWriter(Path(args.history), args.client, args.tenant)
+    with _client(args) as client:
+        rec = Recorder(client, history, DEADLINES * args.timeout)
+        keys = [[f"{args.client}/puts/{args.seed}/{n}/{i}" for i in range(args.batch)] for n in range(args.count)]
+        acked = sum(all(rec.put(batch, [value_of(args.seed, k) for k in batch])) for batch in keys)
+    history.close()
+    print(f"acked {acked} of {args.count} batches", flush=True)
+
+
+def links(args: argparse.Namespace) -> None:
+    size = int(args.mib * (1 << 20))
+    with _client(args) as client:
+        keys = [f"{args.client}/links/{args.seed}/{i}" for i in range(args.count)]
+        for k in keys:
+            client.put(k, (value_of(args.seed, k) * (size // 4096 + 1))[:size])
+        for k in keys:
+            client.get(k)
+        print("links: " + json.dumps([s.to_dict() for s in client.links()]), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m tests.fleet.driver")
+    p.add_argument("mode", choices=["stream", "verify", "puts", "links"])
+    p.add_argument("--meta", required=True)
+    p.add_argument("--history", default="")
+    p.add_argument("--client", default="c1")
+    p.add_argument("--tenant", default="admin")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--read", nargs="*", default=[])
+    p.add_argument("--within", type=float, default=30.0)
+    p.add_argument("--count", type=int, default=8)
+    p.add_argument("--mib", type=float, default=1.0)
+    args = p.parse_args(argv)
+    try:
+        {"stream": stream, "verify": verify, "puts": puts, "links": links}[args.mode](args)
+    except KVStoreError as exc:
+        print(f"driver failed: {type(exc).__name__}: {exc}", flush=True)
+        raise SystemExit(1) from exc
+
+
+if __name__ == "__main__":
+    main()
