@@ -101,6 +101,12 @@ class ServiceMetrics:
 
 def _read_get(request: Any, response: Any) -> Counts:
     hits = misses = busy = grants = 0
+    if response.HasField("packed"):  # the results as columns (kvstore.wire.packed)
+        columns = response.packed
+        codes = list(columns.codes)
+        hits, busy = codes.count(_OK), codes.count(_BUSY)
+        grants = sum(n for code, n in zip(codes, columns.replica_counts) if code == _OK)
+        return hits, len(codes) - hits - busy, busy, grants
     for result in response.results:
         code = result.status.code
         if code == _OK:

@@ -61,6 +61,14 @@ def _scrub(statuses: Iterable[pb.Status], who: Principal) -> None:
             status.message = status.message.replace(shown, "")
 
 
+def _scrub_texts(texts: Any, who: Principal) -> None:
+    """The same, for a repeated string field of messages."""
+    shown = repr(namespace(who.tenant))[1:-1]
+    for i, text in enumerate(texts):
+        if shown in text:
+            texts[i] = text.replace(shown, "")
+
+
 def _confine(segments: Iterable[pb.Segment]) -> None:
     """Leave out the endpoints of transports that check no grant per byte range."""
     for seg in segments:
@@ -184,6 +192,8 @@ class MetaHandlers:
     def _shown(response: Message, who: Principal) -> None:
         if who.tenant != DEFAULT_ID:
             _scrub(_found(response, "Status"), who)
+            for columns in _found(response, "PackedGetResults"):  # a Get's messages, as a column
+                _scrub_texts(columns.messages, who)
         if not who.trust_shm:
             _confine(_found(response, "Segment"))
 
