@@ -91,6 +91,7 @@ class KVClient:
             self._region_pool.close()
         self._closed = True
         self._reader.close()
+        self._writer.close()
         if self._probe is not None:
             self._probe.stop()
         self._transports.close()

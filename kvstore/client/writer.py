@@ -6,15 +6,18 @@ A replica whose write fails does not fail its key: the replicas that were writte
 (the key is then under-replicated, and the service copies it again later), the failed daemon is
 reported so placement avoids it, and a key none of whose replicas could be written is revoked
 and put once more (elsewhere) while time is left. Each replica's write of a key that has others
-is bounded by a deadline scaled to its bytes, so a stopped daemon costs one such deadline.
+is bounded by a deadline scaled to its bytes, so a stopped daemon costs one such deadline. The
+daemons of one put are written at once, so one that does not answer holds up none of the others.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvstore.checksum import checksum
@@ -24,12 +27,13 @@ from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode, KVStoreError, TransportError, Unavailable
 from kvstore.metaclient.sharded import ShardedMetaClient
 from kvstore.results import PutStartResult, PutWritten
-from kvstore.transport.base import Transfer
+from kvstore.transport.base import Transfer, Written
 from kvstore.types import Grant, SegmentInfo
 from kvstore.wire.calls import PutCommit, PutEnd, PutRevoke, PutStart
 
 log = logging.getLogger(__name__)
 COMMIT_KEYS = 1024
+MAX_WRITE_THREADS = 16  # daemons a put writes to at once
 
 
 @dataclass
@@ -50,6 +54,9 @@ class Writer:
         self._transports = transports
         self._config = config
         self._regions = regions
+        self._pool_lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_size = 0
 
     def put(self, keys: Sequence[str], views: Sequence[memoryview], replica_num: int) -> list[bool]:
         """Store each view under its key; True where written, False where already stored. The
@@ -170,24 +177,44 @@ class Writer:
     def _write_all(
         self, views: Sequence[memoryview], pending: dict[int, _Key], segments: dict[str, SegmentInfo], deadline: float
     ) -> set[str]:
-        """Write every replica, a segment at a time; returns the segments whose writes failed."""
+        """Write every replica, a segment at a time within a daemon and the daemons at once (one that
+        does not answer must not hold up the others: their grants would run out waiting); returns
+        the segments whose writes failed because their daemon could not be reached."""
         by_segment: dict[str, list[tuple[int, int]]] = defaultdict(list)  # -> (key index, replica)
         for i, key in pending.items():
             for r, g in enumerate(key.grants):
                 by_segment[g.segment_id].append((i, r))
+        by_daemon: dict[str, list[str]] = defaultdict(list)
+        for segment_id in by_segment:
+            by_daemon[segments[segment_id].daemon_id].append(segment_id)
+
+        def write_daemon(segment_ids: list[str]) -> list[tuple[str, Written | KVStoreError]]:
+            out: list[tuple[str, Written | KVStoreError]] = []
+            for segment_id in segment_ids:
+                segment, items = segments[segment_id], by_segment[segment_id]
+                transfers = [Transfer(pending[i].grants[r], views[i]) for i, r in items]
+                try:
+                    out.append((segment_id, self._transports.for_segment(segment).write(
+                        segment, transfers, self._deadline(pending, items, views, deadline)
+                    )))  # fmt: skip
+                except KVStoreError as exc:
+                    out.append((segment_id, exc))
+            return out
+
+        groups = list(by_daemon.values())
+        if len(groups) == 1:
+            outcomes = write_daemon(groups[0])
+        else:
+            outcomes = [o for done in self._pool(len(groups)).map(write_daemon, groups) for o in done]
         failed: set[str] = set()
-        for segment_id, items in by_segment.items():
-            segment = segments[segment_id]
-            transfers = [Transfer(pending[i].grants[r], views[i]) for i, r in items]
-            try:
-                done = self._transports.for_segment(segment).write(
-                    segment, transfers, self._deadline(pending, items, views, deadline)
-                )
-            except KVStoreError as exc:
-                log.warning("put: writing %d block(s) to segment %s failed: %s", len(items), segment_id, exc)
-                failed.add(segment_id)
+        for segment_id, done in outcomes:
+            items = by_segment[segment_id]
+            if isinstance(done, KVStoreError):
+                log.warning("put: writing %d block(s) to segment %s failed: %s", len(items), segment_id, done)
+                if isinstance(done, TransportError):  # not the daemon's answer (say, an expired grant)
+                    failed.add(segment_id)
                 for i, r in items:
-                    pending[i].errors[r] = exc
+                    pending[i].errors[r] = done
                 continue
             for n, (i, r) in enumerate(items):
                 if done.receipts is not None:
@@ -195,6 +222,22 @@ class Writer:
                 if done.checksums is not None:  # computed while copying: no second pass
                     pending[i].checksum = done.checksums[n]
         return failed
+
+    def _pool(self, daemons: int) -> ThreadPoolExecutor:
+        """Threads for writing to several daemons at once (made on first need, kept)."""
+        with self._pool_lock:
+            if self._executor is None or self._executor_size < daemons:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=False)
+                self._executor_size = min(max(daemons, 4), MAX_WRITE_THREADS)
+                self._executor = ThreadPoolExecutor(self._executor_size, thread_name_prefix="kvstore-put")
+            return self._executor
+
+    def close(self) -> None:
+        with self._pool_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
 
     def _deadline(
         self, pending: dict[int, _Key], items: list[tuple[int, int]], views: Sequence[memoryview], deadline: float

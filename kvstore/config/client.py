@@ -21,6 +21,9 @@ class ClientConfig:
     # bytes at transfer_floor_gbps, then the next replica is tried: a stopped daemon costs that.
     replica_timeout_s: float = 2.0  # plus the bytes at transfer_floor_gbps: then the next replica is tried
     transfer_floor_gbps: float = 0.1  # the slowest transfer rate counted on before trying the next replica
+    # A new tcp/tls connection to a daemon that is not made within this long fails: a daemon cut off
+    # from this client costs a put or get this much, not the call's whole timeout_s.
+    connect_timeout_s: float = 1.0
     verify_checksums: bool = True  # check each read's xxh3 (reads from cached locations always are)
     fast_lane: bool = True  # use the service's fast lane when it has one
     # Keys whose location the client keeps after reading them (kvstore/client/locations.py), so a
@@ -51,6 +54,7 @@ class ClientConfig:
         require(self.link_probe_s >= 0, "link_probe_s must not be negative")
         require(self.timeout_s > 0, "timeout_s must be positive")
         require(self.replica_timeout_s > 0, "replica_timeout_s must be positive")
+        require(self.connect_timeout_s > 0, "connect_timeout_s must be positive")
         require(self.transfer_floor_gbps > 0, "transfer_floor_gbps must be positive")
         require(self.location_cache_entries >= 0, "location_cache_entries must be 0 (off) or more")
         require(self.location_cache_ttl_s > 0, "location_cache_ttl_s must be positive")

@@ -191,7 +191,9 @@ class TcpTransport(Transport):
                 if _still_idle(sock):
                     return sock
                 sock.close()
-        return self._dial(address, deadline)
+        # A connect gets connect_timeout_s at most: an unreachable daemon must not take the time of
+        # the transfers to the others behind it in the same call.
+        return self._dial(address, min(deadline, time.monotonic() + self.config.connect_timeout_s))
 
     def idle(self, address: str) -> int:
         """Connections to the daemon at `address` pooled for the next call now (a test hook: a
