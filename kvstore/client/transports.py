@@ -4,6 +4,7 @@ that the segment offers and that can reach it from here. Transports are made onc
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -79,8 +80,25 @@ class Transports:
                 reach[g.segment_id] = self._preference(seg)
             if (rank := reach[g.segment_id]) is not None:
                 ranked.append((rank, order, seg, g))
+        if self._metrics is not None and len(ranked) > 1:
+            ranked = self._by_link(ranked)
         ranked.sort(key=lambda r: (r[0], r[1]))
         return [(seg, g) for _, _, seg, g in ranked]
+
+    def _by_link(self, ranked: list[tuple[int, int, SegmentInfo, Grant]]) -> list[tuple[int, int, SegmentInfo, Grant]]:
+        """The replicas of one key reordered by how long the link monitor expects each transfer
+        to take (latency plus bytes at the link's measured bandwidth): the fastest link first,
+        a link whose last call failed last. Links within LINK_TOLERANCE of each other count as
+        equal and keep the service's order. A link not measured yet (or stale) goes first, in
+        the service's order: reading over it is what measures it, once."""
+        assert self._metrics is not None
+        monitor = self._metrics.links
+        estimates = [monitor.estimate(seg.daemon_id, self.preferred[rank], g.length) for rank, _, seg, g in ranked]
+        out = []
+        for (rank, order, seg, g), est in zip(ranked, estimates, strict=True):
+            out.append((rank, _speed_class(0.0 if est is None else est), order, seg, g))
+        out.sort(key=lambda r: (r[0], r[1], r[2]))
+        return [(rank, n, seg, g) for n, (rank, _, _, seg, g) in enumerate(out)]
 
     def _preference(self, segment: SegmentInfo) -> int | None:
         name = self._reachable(segment)
@@ -132,3 +150,11 @@ def installed(names: Sequence[str]) -> tuple[str, ...]:
 
 
 _REPORTED_MISSING: set[str] = set()
+LINK_TOLERANCE = 1.25  # links whose expected transfer times differ by less than this are equal
+
+
+def _speed_class(seconds: float) -> float:
+    """Expected seconds on a log scale of step LINK_TOLERANCE (inf stays inf)."""
+    if seconds <= 0 or math.isinf(seconds):
+        return -math.inf if seconds <= 0 else math.inf
+    return math.floor(math.log(seconds, LINK_TOLERANCE))

@@ -14,6 +14,7 @@ Thread safe; time comes from an injected clock.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 from collections.abc import Callable
@@ -66,7 +67,7 @@ class LinkStats(NamedTuple):
 
 
 class _Link:
-    __slots__ = ("bytes", "failures", "last", "latency", "per_byte", "transfers")
+    __slots__ = ("bytes", "failed", "failures", "last", "latency", "per_byte", "transfers")
 
     def __init__(self, now: float) -> None:
         self.per_byte: float | None = None  # EWMA of seconds per byte
@@ -74,6 +75,7 @@ class _Link:
         self.transfers = 0
         self.bytes = 0
         self.failures = 0
+        self.failed: float | None = None  # when the last call failed, if none succeeded since
         self.last = now
 
 
@@ -105,6 +107,7 @@ class LinkMonitor:
             link.transfers += 1
             link.bytes += nbytes
             link.last = self._clock.monotonic()
+            link.failed = None
             if nbytes <= LATENCY_MAX_BYTES:
                 link.latency = _ewma(link.latency, seconds, alpha)
             if nbytes >= BANDWIDTH_MIN_BYTES:
@@ -117,10 +120,31 @@ class LinkMonitor:
             link = self._link(daemon, transport)
             link.latency = _ewma(link.latency, seconds, self.config.alpha)
             link.last = self._clock.monotonic()
+            link.failed = None
 
     def record_failure(self, daemon: str, transport: str) -> None:
         with self._lock:
-            self._link(daemon, transport).failures += 1
+            link = self._link(daemon, transport)
+            link.failures += 1
+            link.failed = self._clock.monotonic()
+
+    def estimate(self, daemon: str, transport: str, nbytes: int) -> float | None:
+        """Seconds a transfer of `nbytes` over this link should take now: its latency plus the
+        bytes at its bandwidth, each counted where measured. None for a link with no sample yet,
+        or none for `stale_s` (what it was is no guide to what it is); infinite for one whose last
+        call failed within `stale_s`, until a transfer or a probe succeeds on it."""
+        with self._lock:
+            link = self._links.get((daemon, transport))
+            if link is None:
+                return None
+            now = self._clock.monotonic()
+            if link.failed is not None and now - link.failed <= self.config.stale_s:
+                return math.inf
+            if now - link.last > self.config.stale_s:
+                return None
+            if link.latency is None and link.per_byte is None:
+                return None
+            return (link.latency or 0.0) + nbytes * (link.per_byte or 0.0)
 
     def links(self) -> list[LinkStats]:
         """Every link seen, sorted by daemon then transport."""
