@@ -63,7 +63,7 @@ if ((${#missing[@]})); then
 fi
 
 # Every extra; torch is pinned by the constraints: 2.13.0 is the CPU build, unpinned pulls a CUDA build.
-pip_install -c constraints/ci.txt -e ".[dev,engines,mooncake,ucx,ha,events,top]"
+pip_install -c constraints/ci.txt -e ".[dev,engines,mooncake,nixl,ucx,ha,events,top]"
 # vLLM's CPU build for the vLLM connector's end-to-end tests (and SGLang's wheel, unpacked).
 bash scripts/install_vllm.sh
 bash scripts/install_lmcache.sh   # LMCache (--no-deps, pinned) for kvstore.compat.lmcache's tests

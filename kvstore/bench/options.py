@@ -14,7 +14,7 @@ from kvstore.errors import KVStoreError
 SECTION_ORDER = ("ceilings", "throughput", "latency", "prefix", "engine", "peers", "tiers", "metamem")
 DEFAULT_SECTIONS = ("ceilings", "throughput", "latency", "prefix", "engine", "metamem")
 DEFAULT_TRANSPORTS = ("shm", "tcp")
-COMPARE_TRANSPORTS = ("mooncake", "ucx")  # measured too with --compare, where installed
+COMPARE_TRANSPORTS = ("mooncake", "nixl", "ucx")  # measured too with --compare, where installed
 
 
 @dataclass(frozen=True)

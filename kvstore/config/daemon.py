@@ -23,9 +23,10 @@ class DaemonConfig:
     segment_size: int = 256 << 20  # DRAM is offered as segments of this size
     shm_dir: str = "/dev/shm"  # where DRAM segment files live (removed at stop)
     heartbeat_interval_s: float = 2.0  # how often the daemon tells the service it is alive
-    # Opt in to mooncake and ucx (`--transports shm,mooncake,ucx,tcp`): each is served if its library
-    # is installed. Not by default: Mooncake's engine listens on every interface and cannot check
-    # grants (see README "Transports"), and UCX adds ~0.5 s to start-up.
+    # Opt in to mooncake, nixl and ucx (`--transports shm,mooncake,nixl,ucx,tcp`): each is served if
+    # its library is installed. Not by default: Mooncake's engine and NIXL's agent listen on every
+    # interface and cannot check grants (see README "Transports", docs/transports.md), and UCX adds
+    # ~0.5 s to start-up.
     transports: tuple[str, ...] = ("shm", "tcp")
     mooncake_protocol: str = "tcp"  # Mooncake Transfer Engine protocol: tcp, or rdma in production
     mooncake_device: str = ""  # its device names, e.g. "mlx5_0,mlx5_1" for rdma

@@ -1,5 +1,5 @@
 """Transports by name. Each is imported only when first asked for, so optional extras
-(mooncake, ucx) cost nothing unless used, and a missing one gives a message naming the extra."""
+(mooncake, nixl, ucx) cost nothing unless used, and a missing one gives a message naming the extra."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ class _Entry:
     server: str  # "module:class" of the daemon side (a TransportServer)
     extra: str | None = None  # pip extra that provides its dependencies
     # Whether the daemon checks a grant for every byte range it moves. shm (a file the client
-    # maps) and mooncake (remote memory reads) do not: a client that reaches them can read the
-    # whole segment, so the service offers them only to tenants trusted with that.
+    # maps), mooncake and nixl (one-sided remote memory reads and writes) do not: a client that
+    # reaches them can read the whole segment, so the service offers them only to tenants trusted
+    # with that.
     confined: bool = True
 
 
@@ -31,6 +32,13 @@ _TRANSPORTS: dict[str, _Entry] = {
         "kvstore.transport.mooncake_client:MooncakeTransport",
         "kvstore.transport.mooncake_server:MooncakeServer",
         extra="mooncake",
+        confined=False,
+    ),
+    # One-sided reads and writes like mooncake (nixl_agent.py): the daemon sees no request.
+    "nixl": _Entry(
+        "kvstore.transport.nixl_client:NixlTransport",
+        "kvstore.transport.nixl_server:NixlServer",
+        extra="nixl",
         confined=False,
     ),
     "ucx": _Entry("kvstore.transport.ucx_client:UcxTransport", "kvstore.transport.ucx_server:UcxServer", extra="ucx"),

@@ -288,6 +288,7 @@ class Endpoint(_message.Message):
                 SSD tier's file; the client opens it only if host id is its own and the pid lives)
       ucx       "<worker address, hex>|<host id>|<daemon pid>"
       mooncake  "<protocol>|<segment base address>|<engine session host:port>"
+      nixl      "v1|<agent name>|<segment base address>|<base64 of NIXL partial agent metadata>"
       inproc    "<host id>|<pid>|<server number>" (reached only from that same process)
     """
 

@@ -11,7 +11,9 @@ from kvstore.transport import registry
 from tests.cluster import Cluster, wait_until
 from tests.inprocess import InProcessStore
 
-TRANSPORTS = ["shm", "tcp", "mooncake", "ucx", "tls", "inproc"]
+TRANSPORTS = ["shm", "tcp", "mooncake", "nixl", "ucx", "tls", "inproc"]
+# Transports whose transfers are one-sided (no daemon code runs per request, so no receipts).
+ONE_SIDED = ("mooncake", "nixl")
 # Daemons offer shm and tcp unless told otherwise; these serve every process-level transport whose library is
 # installed (a missing one is skipped with a warning naming its extra). The service speaks TLS
 # too (a client trusting a CA for tls daemons checks the service against it as well).
@@ -133,12 +135,12 @@ def transport(request):
     except Unavailable as exc:
         pytest.skip(str(exc))
     tier = request.getfixturevalue("tier") if "tier" in request.fixturenames else None
-    if tier == "ssd" and request.param == "mooncake":
+    if tier == "ssd" and request.param in ONE_SIDED:
         pytest.skip(
-            "SSD segments are not memory, so mooncake (one-sided: no daemon code runs per "
+            f"SSD segments are not memory, so {request.param} (one-sided: no daemon code runs per "
             "request) does not offer them; they are reached over shm, tcp or ucx"
         )
-    if tier in GPU_TIERS and request.param in ("shm", "mooncake"):
+    if tier in GPU_TIERS and request.param in ("shm", *ONE_SIDED):
         pytest.skip(
             f"GPU segments are not offered over {request.param}; they are reached over tcp "
             "or ucx (staged through host memory)"

@@ -16,7 +16,7 @@ from kvstore.client import KVClient
 from kvstore.config import ClientConfig
 from kvstore.errors import KeyNotFound
 from tests.cluster import wait_until
-from tests.conformance.conftest import SERVE_ALL, _tls
+from tests.conformance.conftest import ONE_SIDED, SERVE_ALL, _tls
 from tests.inprocess import InProcessStore
 
 MIB = 1 << 20
@@ -38,9 +38,9 @@ REFILL_AT_ONCE = pytest.mark.usefixtures("refill_at_once")
 
 @pytest.fixture
 def refill_at_once(transport):
-    if transport == "mooncake":
+    if transport in ONE_SIDED:
         pytest.skip(
-            "mooncake writes are one-sided (no daemon receipt), so freed space waits out their write "
+            f"{transport} writes are one-sided (no daemon receipt), so freed space waits out their write "
             "grants: a full 4 MiB store cannot be refilled at once. Its reads' grants hold space the same "
             "way, so a cached location cannot meet rewritten space before it expires"
         )
@@ -158,8 +158,8 @@ def test_reads_from_cached_locations_still_count_for_eviction(store, transport, 
 
 
 def test_cached_location_of_a_block_moved_to_ssd(cluster, transport, tmp_path, clients, pki):
-    if transport == "mooncake":
-        pytest.skip("SSD segments are not offered over mooncake")
+    if transport in ONE_SIDED:
+        pytest.skip(f"SSD segments are not offered over {transport}")
     if transport == "inproc":
         local = InProcessStore(
             DEMOTE_ALL, dram_size=4 * MIB, segment_size=4 * MIB, ssd_dir=str(tmp_path), ssd_size=64 * MIB
