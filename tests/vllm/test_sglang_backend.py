@@ -41,14 +41,18 @@ def sglang():
         real = importlib.import_module("sglang.srt.mem_cache.hicache_storage")
     except ImportError:
         real = None
-    sys.modules.pop("kvstore.engines.sglang", None)
+    _forget("kvstore.engines.sglang")  # bound to whichever base imported last
     backend = importlib.import_module("kvstore.engines.sglang")
     yield backend, real
-    sys.modules.pop("kvstore.engines.sglang", None)
-    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-        del sys.modules[name]
+    _forget("kvstore.engines.sglang")
+    _forget("sglang")
     for path in added:
         sys.path.remove(path)
+
+
+def _forget(package):
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        del sys.modules[name]
 
 
 class HostPool:
@@ -84,7 +88,8 @@ class HostPool:
         self.page(index).copy_(data_page.view(self.page(index).shape))
 
 
-def _config(meta, tp_rank=0, v1=True, **extra):
+def _config(meta, tp_rank=0, v1=True, fields=None, **extra):
+    """SGLang's HiCacheStorageConfig (`fields` overrides its fields); `extra` goes to extra_config."""
     fields = {
         "tp_rank": tp_rank,
         "tp_size": 2,
@@ -104,6 +109,7 @@ def _config(meta, tp_rank=0, v1=True, **extra):
             "meta": meta,
             **extra,
         },
+        **(fields or {}),
     }
     try:
         from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
