@@ -25,11 +25,11 @@ from kvstore.config import ClientConfig
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.metaclient.client import MetaClient
 from kvstore.metaclient.sharded import ShardedMetaClient, client_for
-from kvstore.results import KeyInfo, KeyListing, StoreStats
+from kvstore.results import GetReply, KeyInfo, KeyListing, StoreStats
 from kvstore.tls import TlsFiles
 from kvstore.transport.base import Transport
 from kvstore.types import validate_keys
-from kvstore.wire.calls import Describe, Exists, ListKeys, MatchPrefix, Pin, Release, Remove, Stats, Unpin
+from kvstore.wire.calls import Describe, Exists, Get, ListKeys, MatchPrefix, Pin, Release, Remove, Stats, Unpin
 
 if TYPE_CHECKING:
     from kvstore.metrics.client import ClientMetrics
@@ -203,6 +203,18 @@ class KVClient:
         Per key: None, KeyNotFound, or NoSpace when the tier's pin cap is reached."""
         self._check(keys)
         return [r.error() for r in self._meta.call(Pin(keys, ttl_s))]
+
+    def hold(self, keys: Sequence[str], holder: str) -> GetReply:
+        """Look `keys` up under read leases held for `holder` (an id the caller picks) until
+        release() or the reply's lease_ms: while held, a found key is neither evicted nor
+        removed. Moves no bytes; each key's result says whether it was found (and its lease)."""
+        self._check(keys)
+        return self._meta.call(Get(list(keys), client_id=holder))
+
+    def release(self, lease_ids: Sequence[int], holder: str) -> None:
+        """End read leases that hold() took for `holder` (one already ended is ignored)."""
+        if lease_ids:
+            self._meta.call(Release(list(lease_ids), holder))
 
     def unpin(self, keys: Sequence[str]) -> list[KVStoreError | None]:
         self._check(keys)
