@@ -237,8 +237,117 @@ def steps(mod: Any, master: str) -> list[tuple[str, Callable[[], Any]]]:
         ("ReplicateConfig defaults", lambda: str(mod.ReplicateConfig())),
         ("remove_all", lambda: (s.remove_all(force=True), s.batch_is_exist(["a", "z", "mb1"]))),
         ("remove_all again", lambda: s.remove_all()),
+        *dropin_steps(mod, s, p, master),
         ("close", lambda: s.close()),
         ("close again", lambda: s.close()),
+    ]
+
+
+def _ttl_conversions(mod: Any) -> list[Any]:
+    """What ReplicateConfig.soft_pin_ttl_ms holds after each assignment, or the exception's type."""
+    config, out = mod.ReplicateConfig(), [mod.ReplicateConfig().soft_pin_ttl_ms]
+    for value in (1000, None, -1, 1 << 64, 1.5, "1000", True, (1 << 64) - 1):
+        try:
+            config.soft_pin_ttl_ms = value
+            out.append(config.soft_pin_ttl_ms)
+        except TypeError:
+            out.append("TypeError")
+    return out
+
+
+def dropin_steps(mod: Any, s: Any, p: int, master: str) -> list[tuple[str, Callable[[], Any]]]:
+    """What Mooncake's own wheel tests rely on: the host:port name, soft-pin TTLs, get_into_ranges
+    bounded by each buffer, the bytes API staged through the local buffer. After remove_all, so
+    its count stays as it was."""
+
+    def pin(action: Any, ttl_ms: int | None) -> Any:
+        config = mod.ReplicateConfig()
+        config.soft_pin_action, config.soft_pin_ttl_ms = action, ttl_ms
+        return config
+
+    pins = mod.SoftPinAction
+    z, m = mod.MooncakeDistributedStore(), mod.MooncakeDistributedStore()
+    chunk = 600 * KiB
+
+    def hostname() -> Any:
+        host, _, port = s.get_hostname().rpartition(":")
+        return host, 12300 <= int(port) <= 14300
+
+    return [
+        ("get_hostname adds a port in Mooncake's range", hostname),
+        ("ReplicateConfig soft_pin_ttl_ms conversions", lambda: _ttl_conversions(mod)),
+        (
+            "put with a soft-pin TTL needs ENABLE",
+            lambda: (
+                s.put("ttl1", b"v", pin(pins.PRESERVE, 1000)),
+                s.put("ttl2", b"v", pin(pins.DISABLE, 0)),
+                s.put_batch(["ttl3"], [b"v"], pin(pins.DISABLE, 1000)),
+                s.put("ttl4", b"v", pin(pins.ENABLE, 1000)),
+                s.put("ttl5", b"v", pin(pins.ENABLE, 0)),
+                s.batch_is_exist(["ttl1", "ttl2", "ttl3", "ttl4", "ttl5"]),
+            ),
+        ),
+        (
+            "upsert refused for a soft-pin TTL keeps the value",
+            lambda: (s.upsert("ttl4", b"new", pin(pins.PRESERVE, 1000)), s.get("ttl4")),
+        ),
+        (
+            "register two buffers back to back",
+            lambda: (
+                s.register_buffer(p, ARENA // 2),
+                s.register_buffer(p + ARENA // 2, ARENA // 2),
+                s.put("gr", b"0123"),
+            ),
+        ),
+        (
+            "get_into_ranges destination into the next buffer",
+            lambda: s.get_into_ranges([p + ARENA // 2 - 2], [["gr"]], [[[0]]], [[[0]]], [[[4]]]),
+        ),
+        ("unregister the two buffers", lambda: (s.unregister_buffer(p), s.unregister_buffer(p + ARENA // 2))),
+        ("setup without a local buffer", lambda: z.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", master)),
+        (
+            "no local buffer: the bytes API fails",
+            lambda: (
+                z.put("lb0", b"v"),
+                z.put_batch(["lb0b"], [b"v"]),
+                z.put_parts("lb0p", b"a", b"b"),
+                z.upsert("gr", b"x"),
+                z.get("gr"),
+                z.get_batch(["gr"]),
+                z.get_buffer("gr") is None,
+                z.get_size("gr"),
+                s.batch_is_exist(["lb0", "lb0b", "lb0p", "gr"]),
+            ),
+        ),
+        (
+            "no local buffer: registered memory works",
+            lambda: (z.register_buffer(p, 64), z.get_into("gr", p, 64), z.put_from("lb0z", p, 4), s.get("lb0z")),
+        ),
+        ("close the store without a local buffer", lambda: z.close()),
+        (
+            "setup with a 1 MiB local buffer",
+            lambda: m.setup("127.0.0.1", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", master),
+        ),
+        (
+            "1 MiB local buffer: puts",
+            lambda: (
+                m.put("lb1", b"x" * (1 << 20)),
+                m.put("lb2", b"x" * (2 << 20)),
+                m.put_batch(["lbb1", "lbb2"], [b"y" * chunk] * 2),
+                m.put_parts("lbp", b"a" * chunk, b"b" * chunk),
+                s.batch_is_exist(["lb1", "lb2", "lbb1", "lbb2", "lbp"]),
+            ),
+        ),
+        (
+            "1 MiB local buffer: reads take room in order",
+            lambda: (
+                s.put_batch(["lbh1", "lbh2"], [b"q" * chunk] * 2),
+                [len(v) for v in m.get_batch(["lbh1", "lbh2"])],
+                [b if b is None else b.size() for b in m.batch_get_buffer(["lbh1", "lbh2"])],
+                len(m.get("lbh1")),
+            ),
+        ),
+        ("close the store with a 1 MiB local buffer", lambda: m.close()),
     ]
 
 

@@ -124,9 +124,12 @@ def test_setup_forms_and_failures(kvstore_meta, monkeypatch):
         )
         == 0
     )
-    assert s.get_hostname() == "host-a" and s.health_check() == 0
-    assert s.setup(config={"local_hostname": "host-b", "metadata_server": "x", "master_server_addr": kvstore_meta}) == 0
-    assert s.get_hostname() == "host-b"  # set up again: the old session is closed
+    assert s.get_hostname().startswith("host-a:") and s.health_check() == 0  # a port is added, as Mooncake does
+    assert (
+        s.setup(config={"local_hostname": "host-b:7000", "metadata_server": "x", "master_server_addr": kvstore_meta})
+        == 0
+    )
+    assert s.get_hostname() == "host-b:7000"  # set up again: the old session is closed
     assert (
         s.setup(
             {"local_hostname": "h", "metadata_server": "x", "local_buffer_size": 10, "master_server_addr": kvstore_meta}

@@ -7,15 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from kvstore.compat.mooncake import MooncakeDistributedStore
 from kvstore.compat.mooncake.codes import ErrorCode
 
 NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
 
 
-def _store(meta: str, **kw) -> MooncakeDistributedStore:
+def _store(meta: str, segment: int = 0, **kw) -> MooncakeDistributedStore:
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", meta, **kw) == 0
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", segment, 16 << 20, "tcp", "", meta, **kw) == 0
     return s
 
 
@@ -42,8 +44,11 @@ def compat_entries(root: object) -> int:
     return total
 
 
-def test_memory_held_does_not_grow_with_the_keys_put(kvstore_meta):
-    s = _store(kvstore_meta, tenant_id="bounded")
+@pytest.mark.parametrize("segment", [0, 64 << 20], ids=["no-segment", "segment"])
+def test_memory_held_does_not_grow_with_the_keys_put(kvstore_meta, segment):
+    """With a global segment too, unless KVSTORE_MOONCAKE_DROP_ON_CLOSE asks for the keys it
+    wrote to be remembered (test_mooncake_dropin.py)."""
+    s = _store(kvstore_meta, segment, tenant_id="bounded")
     try:
         assert s.put_batch([f"warm/{i}" for i in range(10)], [b"v"] * 10) == 0
         before = compat_entries(s)

@@ -28,3 +28,20 @@ def test_ranges_must_be_registered_and_views_alias_the_memory():
     assert mem.unregister(p + 100) and not mem.unregister(p + 100) and not mem.unregister(p + 1)
     assert not mem.covers(p, 101) and mem.view(p + 100, 1) is None
     assert [r.end for r in mem.regions()] == [p + 100]
+
+
+def test_view_within_stays_inside_the_region_that_holds_the_buffer():
+    buf = (ctypes.c_ubyte * 64)()
+    p = ctypes.addressof(buf)
+    mem = RegisteredMemory()
+    assert mem.register(p, 32) and mem.register(p + 32, 32)  # back to back
+    assert mem.view_within(p + 28, 2, 2) is not None  # up to the first region's end
+    assert mem.view_within(p + 28, 2, 3) is None  # one byte into the second: not this buffer's
+    assert mem.view_within(p, 30, 4) is None and mem.covers(p + 30, 4)  # though both are registered
+    assert mem.view_within(p + 32, 28, 4) is not None and mem.view_within(p + 32, 29, 4) is None
+    assert mem.view_within(p, -1, 4) is None and mem.view_within(p, 0, 0) is None
+    assert mem.view_within(p + 64, 0, 1) is None and mem.view_within(0, 0, 1) is None
+    view = mem.view_within(p + 4, 4, 2)
+    assert view is not None
+    view[:] = b"ok"
+    assert bytes(buf[8:10]) == b"ok"

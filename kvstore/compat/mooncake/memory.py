@@ -95,6 +95,23 @@ class RegisteredMemory:
             return whole[address - base : address - base + size]
         return _wrap(address, size)  # a range over buffers registered back to back
 
+    def view_within(self, buffer: int, offset: int, size: int) -> memoryview | None:
+        """A writable byte view of `size` bytes at `offset` into the one registered region that
+        holds address `buffer`, or None unless they lie inside it (from `buffer` to that region's
+        end: Mooncake's capacity of a buffer; a region registered right after does not count)."""
+        if not _is_address(buffer) or not isinstance(offset, int) or not isinstance(size, int):
+            return None
+        if offset < 0 or size <= 0:
+            return None
+        with self._lock:
+            i = bisect.bisect_right(self._bases, buffer) - 1
+            base = self._bases[i] if i >= 0 else 0
+            whole = self._views.get(base)
+        if whole is None or buffer + offset + size > base + len(whole):
+            return None
+        start = buffer - base + offset
+        return whole[start : start + size]
+
 
 def _wrap(address: int, size: int) -> memoryview:
     return memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")

@@ -1,9 +1,11 @@
 """get_into_ranges: byte ranges of objects gathered into registered buffers, buffer-major.
 
 results[i][j][k] is fragment k of key j into buffer i: its size, or INVALID_PARAMS (a shape that
-does not line up, a destination past the buffer's registered end, a source range past the
-object's end), or the key's read error (OBJECT_NOT_FOUND, ...). kvstore reads whole values, so
-each key is read once per call, into a staging buffer, and its fragments are copied from there.
+does not line up, a destination past the end of the registered buffer that holds it (a buffer
+registered right after it does not extend it, as in Mooncake), a source range past the object's
+end), or the key's read error (OBJECT_NOT_FOUND, ...). kvstore reads whole values, so each key is
+read once per call, into a staging buffer, and its fragments are copied from there. Registered
+memory: the local buffer plays no part.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def get_into_ranges(
                 if isinstance(value, int):
                     out[i][j][k] = value
                     continue
-                view = session.memory.view(ptr + d, n) if d >= 0 and n > 0 else None
+                view = session.memory.view_within(ptr, d, n)
                 if view is None or s < 0 or s + n > len(value):
                     continue
                 view[:] = value[s : s + n]

@@ -4,6 +4,8 @@ replica_num                  honoured: copies on distinct daemons (as many as ha
 with_hard_pin                honoured: the key is pinned (kvstore pins carry a TTL: HARD_PIN_TTL_S)
 soft_pin_action=ENABLE       honoured: pinned for soft_pin_ttl_ms (or DEFAULT_SOFT_PIN_TTL_S)
 soft_pin_action=DISABLE      honoured: an existing pin is dropped
+soft_pin_ttl_ms              None (the default) or an unsigned 64-bit int; set with an action other
+                             than ENABLE, every put refuses it with INVALID_PARAMS (Mooncake's master)
 prefer_alloc_in_same_node    the bytes API (put, put_batch, put_parts) refuses it with
                              INVALID_PARAMS, as Mooncake does; elsewhere ignored
 preferred_segment(s)         ignored: the metadata service places replicas
@@ -42,11 +44,20 @@ class ObjectDataType(IntEnum):
 
 
 _INT_FIELDS = ("replica_num", "nof_replica_num", "dfs_replica_num")
+_UINT64 = 1 << 64
+
+
+def _uint64(name: str, value: Any) -> int:
+    """`value` as pybind11 converts it for an unsigned 64-bit field: an int (a bool counts as one)
+    in range, else TypeError."""
+    if not isinstance(value, int) or not 0 <= value < _UINT64:
+        raise TypeError(f"ReplicateConfig.{name} takes an unsigned 64-bit int, not {value!r}")
+    return int(value)
 
 
 class ReplicateConfig:
     """Mutable, like the pybind11 class: only these attributes exist (others raise AttributeError),
-    and an int field refuses a value that is not an int (TypeError)."""
+    and an int field refuses a value that is not an int (TypeError); soft_pin_ttl_ms is also None."""
 
     __slots__ = (
         "data_type",
@@ -78,8 +89,8 @@ class ReplicateConfig:
         self.group_ids: list[str] | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise TypeError(f"ReplicateConfig.{name} takes a non-negative int, not {value!r}")
+        if name in _INT_FIELDS or (name == "soft_pin_ttl_ms" and value is not None):
+            value = _uint64(name, value)
         object.__setattr__(self, name, value)
 
     def __str__(self) -> str:
@@ -104,6 +115,8 @@ def refusal(config: ReplicateConfig | None, bytes_api: bool = False) -> int:
         return int(ErrorCode.NOT_SUPPORTED)
     if config.replica_num < 1:
         return int(ErrorCode.INVALID_PARAMS)
+    if config.soft_pin_ttl_ms is not None and config.soft_pin_action != SoftPinAction.ENABLE:
+        return int(ErrorCode.INVALID_PARAMS)  # Mooncake's master: a TTL only goes with ENABLE
     return int(ErrorCode.OK)
 
 

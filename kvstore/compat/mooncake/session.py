@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from kvstore.client import KeyBusy, KVClient, KVStoreError
+from kvstore.client import KeyBusy, KeyNotFound, KVClient, KVStoreError
 from kvstore.compat.mooncake.codes import ErrorCode, code_for
+from kvstore.compat.mooncake.local_buffer import LocalBuffer
 from kvstore.compat.mooncake.memory import RegisteredMemory
 from kvstore.compat.mooncake.namespace import KeyNamespace
 from kvstore.compat.mooncake.replicate import ReplicateConfig, pin_ttl_s, refusal
+from kvstore.compat.mooncake.segment_keys import SegmentKeys
+from kvstore.compat.mooncake.segment_name import SegmentName
 from kvstore.results import KeyState
 
 log = logging.getLogger(__name__)
@@ -24,18 +27,41 @@ PAGE = 1000  # keys listed (and removed) per step of remove_all / remove_by_rege
 
 
 class Session:
-    """What `setup` builds and `close` ends: one KVClient, the key namespace and the registered
-    memory; no per-key state (keys are listed from the store when a call needs them). Thread safe
-    (KVClient is)."""
+    """What `setup` builds and `close` ends: one KVClient, the key namespace, the store's name,
+    its local buffer and the registered memory. No per-key state (keys are listed from the store
+    when a call needs them), unless `segment_keys` is given: then the keys it writes, to remove
+    at close. Thread safe (KVClient is)."""
 
-    def __init__(self, client: KVClient, namespace: KeyNamespace, hostname: str) -> None:
+    def __init__(
+        self,
+        client: KVClient,
+        namespace: KeyNamespace,
+        name: SegmentName,
+        local_buffer: LocalBuffer,
+        segment_keys: SegmentKeys | None = None,
+    ) -> None:
         self.client = client
         self.namespace = namespace
-        self.hostname = hostname
+        self.name = name
+        self.local_buffer = local_buffer
+        self.segment_keys = segment_keys
         self.memory = RegisteredMemory()
 
+    @property
+    def hostname(self) -> str:
+        return self.name.name
+
     def close(self) -> None:
-        self.client.close()
+        """Remove the segment's keys (when kept), then drop the connection and the name."""
+        try:
+            keys = self.segment_keys.take() if self.segment_keys is not None else []
+            for at in range(0, len(keys), PAGE):
+                self.client.remove_many(keys[at : at + PAGE], force=True)  # gone or removed: either way
+        except KVStoreError as exc:
+            log.warning("removing the closed store's keys: %s", exc)
+        finally:
+            self.client.close()
+            self.name.release()
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -64,9 +90,11 @@ class Session:
         views = [values[i] for i in first.values()]
         replica_num = config.replica_num if config is not None else None
         try:
-            self.client.put_many(store_keys, views, replica_num=replica_num)
+            written = self.client.put_many(store_keys, views, replica_num=replica_num)
             for i in first.values():
                 out[i] = OK
+            if self.segment_keys is not None:
+                self.segment_keys.add(k for k, w in zip(store_keys, written) if w)
         except KVStoreError as exc:
             self._after_failed_put(store_keys, list(first.values()), exc, out)
         self._pin(store_keys, [out[i] for i in first.values()], config)
@@ -94,6 +122,8 @@ class Session:
         except KVStoreError as exc:
             errors = [exc]
         for err in errors:
+            if ttl == 0.0 and isinstance(err, KeyNotFound):
+                continue  # DISABLE on a key that was not pinned: nothing to drop
             if err is not None:  # the put stands; the pin is best effort, as in Mooncake
                 log.warning("pin after put: %s", err)
                 break
@@ -121,7 +151,12 @@ class Session:
             return out
         for i, err in zip(idxs, errors):
             out[i] = OK if err is None else code_for(err, removing=True)
+        self._forget([k for k, err in zip(store_keys, errors) if err is None])
         return out
+
+    def _forget(self, store_keys: list[str]) -> None:
+        if self.segment_keys is not None and store_keys:
+            self.segment_keys.discard(store_keys)
 
     def remove_where(self, match: Callable[[str], bool], force: bool) -> int:
         """Remove every key of the namespace that the store holds and `match` (given the Mooncake
@@ -133,7 +168,9 @@ class Session:
                 page = self.client.list_keys(namespace.prefix, PAGE, cursor)
                 keys = [k for k in page.keys if namespace.owns(k) and match(namespace.from_store(k))]
                 if keys:
-                    removed += sum(1 for err in self.client.remove_many(keys, force=force) if err is None)
+                    gone = [k for k, err in zip(keys, self.client.remove_many(keys, force=force)) if err is None]
+                    self._forget(gone)
+                    removed += len(gone)
                 if not page.next_cursor:
                     return removed
                 cursor = page.next_cursor

@@ -4,11 +4,14 @@ What kvstore does with each argument (docs/compat-mooncake.md has the table):
 
     master_server_addr       the kvstore metadata service's address (`kvstore serve` prints it);
                              $KVSTORE_MOONCAKE_META, when set, overrides it for unchanged configs
-    local_hostname           reported back by get_hostname()
+    local_hostname           the store's name, with a port added when it has none (segment_name.py)
+    local_buffer_size        bounds what one bytes-API call moves (local_buffer.py)
+    global_segment_size      > 0: the store's keys go when it closes, if KVSTORE_MOONCAKE_DROP_ON_CLOSE
+                             asks for it (settings.py); no memory is contributed
     rdma_devices             the client's Mooncake transport devices (ClientConfig.mooncake_device)
     tenant_id                a key namespace (see namespace.py)
-    metadata_server, global_segment_size, local_buffer_size, protocol, engine, enable_ssd_offload,
-    ssd_offload_path, ipc_socket_path, enable_client_http_server, client_http_port
+    metadata_server, protocol, engine, enable_ssd_offload, ssd_offload_path, ipc_socket_path,
+    enable_client_http_server, client_http_port
                              accepted and not used: kvstore's daemons contribute the memory and the
                              SSD tier, and the client negotiates its transport per segment
 """

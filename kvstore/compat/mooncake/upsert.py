@@ -2,7 +2,8 @@
 
 kvstore keeps the first value of a key (keys are content addressed), so an upsert removes the key
 (forced: a reader already under way still gets the old bytes) and puts the new value. Not atomic
-as Mooncake's is: between the two steps a reader of the key misses.
+as Mooncake's is: between the two steps a reader of the key misses. An upsert Mooncake refuses
+(its config, or values that do not fit the local buffer) removes nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from kvstore.compat.mooncake import checks
 from kvstore.compat.mooncake.buffers import gather
 from kvstore.compat.mooncake.codes import ErrorCode
-from kvstore.compat.mooncake.replicate import ReplicateConfig
+from kvstore.compat.mooncake.replicate import ReplicateConfig, refusal
 
 if TYPE_CHECKING:
     from kvstore.compat.mooncake.session import Session
@@ -29,6 +30,11 @@ class UpsertCalls:
     ) -> list[int]:
         session = self._session
         assert session is not None
+        refused = refusal(config, bytes_api)
+        if refused:
+            return [refused] * len(keys)
+        if bytes_api and not session.local_buffer.holds(sum(len(v) for v in views if v is not None)):
+            return [INVALID] * len(keys)
         todo = [i for i, v in enumerate(views) if v is not None]
         session.remove([keys[i] for i in todo], force=True)
         return session.put(keys, views, config, bytes_api=bytes_api)
