@@ -70,6 +70,8 @@ class MetaConfig:
     events_topic: str = ""  # the first frame of every event message (subscribers match it as a prefix)
     events_replay_batches: int = 10_000  # batches kept for replay
     events_block_size: int = 0  # the block_size events carry; the store cannot know it (0: unknown)
+    # publish llm-d's KV event form as this pool's (topics kv@pool:<name>@<model>); "": vLLM's form on events_topic
+    events_pool: str = ""
     indexer: bool = True  # the KV indexer API (docs/indexer.md) on the admin port, when that is on
 
     def __post_init__(self) -> None:
@@ -111,6 +113,7 @@ class MetaConfig:
         require(self.admin_max_connections >= 1, "admin_max_connections must be at least 1")
         require(self.events_replay_batches >= 1, "events_replay_batches must be at least 1")
         require(self.events_block_size >= 0, "events_block_size must not be negative")
+        require("@" not in self.events_pool, "events_pool must not contain '@' (llm-d splits topics on it)")
 
     @property
     def address(self) -> str:

@@ -9,6 +9,10 @@ metadata service's indexer and the router, which must not import the engines. On
 are named: the partial last block of a prompt is always recomputed. The store key is
 `{tenant}/{model}/{layout}/{hash_hex}` (plus `/{part}` for per-layer objects), so blocks of
 different tenants, models, dtypes or layouts can never be confused.
+
+Which shard of the model's KV a process holds is part of the layout (`Shard.tag`), except where
+several tensor-parallel ranks hold identical KV (MLA's latent cache, or GQA heads replicated
+across ranks): those ranks share one key, only the first of them writes, and every one reads.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from enum import Enum
 from functools import cached_property
 
 from kvstore import blockhash
-from kvstore.blockhash import HASH_VERSION
+from kvstore.blockhash import DIGEST_BYTES, HASH_VERSION
+from kvstore.errors import InvalidArgument
 
-__all__ = ["HASH_VERSION", "KeyScheme"]
+__all__ = ["HASH_VERSION", "KeyScheme", "Shard"]
 
 
 class Granularity(str, Enum):
@@ -113,3 +118,47 @@ class KeyScheme:
             },
             sort_keys=True,
         ).encode()
+
+
+def engine_name(engine_hash: bytes) -> bytes:
+    """A block named by the engine's own hash (vLLM's 32-byte SHA-256 block hash): its last
+    DIGEST_BYTES bytes, zero-padded if shorter. KV events read a key's low 64 bits as its block
+    hash, which is then the engine's own (vLLM's `maybe_convert_block_hash`)."""
+    return bytes(engine_hash)[-DIGEST_BYTES:].rjust(DIGEST_BYTES, b"\0")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The slice of a model's KV one engine process holds, as it enters the key layout.
+
+    `tp_replicas` consecutive tensor-parallel ranks hold byte-identical KV (vLLM's
+    `kv_tp_replicas`: the whole TP group for MLA's latent cache, tp_size // num_kv_heads for GQA
+    heads replicated across ranks). Replicas name their blocks identically, so the store holds
+    one copy where it would hold `tp_replicas`; `writes` says which replica stores it."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    tp_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.tp_rank < self.tp_size and 0 <= self.pp_rank < self.pp_size):
+            raise InvalidArgument(
+                f"shard out of range: tp {self.tp_rank}/{self.tp_size}, pp {self.pp_rank}/{self.pp_size}"
+            )
+        if self.tp_replicas < 1 or self.tp_size % self.tp_replicas:
+            raise InvalidArgument(f"tp_replicas {self.tp_replicas} does not divide tp_size {self.tp_size}")
+
+    @property
+    def writes(self) -> bool:
+        """True for the one rank of each group of replicas that stores their shared blocks."""
+        return self.tp_rank % self.tp_replicas == 0
+
+    @property
+    def tag(self) -> str:
+        """`tp{rank}of{size}-pp{rank}of{size}`; replicas name their common shard and the replica
+        count (`tp0of1r2`: MLA at TP=2), which keeps them apart from a TP=1 deployment's keys."""
+        r = self.tp_replicas
+        tp = f"tp{self.tp_rank}of{self.tp_size}" if r == 1 else f"tp{self.tp_rank // r}of{self.tp_size // r}r{r}"
+        return f"{tp}-pp{self.pp_rank}of{self.pp_size}"

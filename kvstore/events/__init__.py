@@ -12,5 +12,6 @@ Conductor, kvstore's router) consume kvstore's too. docs/kv-events.md is the con
 
 block_ids.py maps a store key to the block it names and the 64-bit hash events carry; wire.py is the
 msgpack format (encode for the publisher, decode for subscriber.py, which the router and the
-indexer use to read vLLM's own events).
+indexer use to read vLLM's own events); llmd.py is the form llm-d's indexer reads (a pool topic per
+model, positional events), which the publisher sends instead when given a pool name.
 """

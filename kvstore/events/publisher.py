@@ -8,6 +8,10 @@ seqs keep growing across restarts (a run cannot publish a batch per microsecond)
 written for vLLM sees a restart as a gap, asks the replay endpoint for it, and gets the new epoch
 from its AllBlocksCleared on; a consumer that cannot fill a gap forgets the publisher's blocks.
 
+Forms: vLLM's (the default: one topic, `events_topic`, and events as maps) or, given a pool name,
+llm-d's (llmd.py: a topic per model, `kv@pool:<name>@<model>`, and positional events). One seq
+counts every message, whatever its topic.
+
 Threads: the ROUTER socket is used only by the replay thread; the PUB socket, the seq and the
 replay ring are used under one lock (by the feed's thread, and by whoever opens a new epoch).
 """
@@ -24,6 +28,7 @@ from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.events import wire
 from kvstore.events.feed import Transition
+from kvstore.events.llmd import PoolForm
 from kvstore.logs import RateLimited
 
 try:
@@ -51,12 +56,14 @@ class PublisherStats(NamedTuple):
 
 class ZmqPublisher:
     """A FeedListener that publishes. `open()` binds nothing (the constructor did) but starts the
-    replay thread and opens the first epoch."""
+    replay thread and opens the first epoch. `pool`: publish llm-d's form as that pool's
+    (llmd.py) instead of vLLM's on `events_topic`."""
 
-    def __init__(self, config: MetaConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: MetaConfig, clock: Clock | None = None, pool: str = "") -> None:
         wire.require(_MISSING)
         self._clock = clock or SystemClock()
-        self._topic = config.events_topic.encode()
+        self._pool = PoolForm(pool, config.events_block_size) if pool else None
+        self._topic = self._pool.prefix.encode() if self._pool else config.events_topic.encode()
         self._packer = wire.EventPacker(config.events_block_size)
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -73,7 +80,7 @@ class ZmqPublisher:
         except OSError:
             self._close_sockets()
             raise
-        self._ring: deque[tuple[int, bytes]] = deque(maxlen=config.events_replay_batches)
+        self._ring: deque[tuple[int, bytes, bytes]] = deque(maxlen=config.events_replay_batches)
         self._lock = threading.Lock()
         self.epoch = 0
         self._next_seq = 0
@@ -92,32 +99,58 @@ class ZmqPublisher:
         with self._lock:
             self.epoch = max(int(self._clock.now() * 1_000_000), self._next_seq)
             self._next_seq = self.epoch
-            self._send([self._packer.cleared])
+            self._send_cleared()
         log.info("KV events: epoch %d on %s (replay %s)", self.epoch, self.endpoint, self.replay_endpoint)
         return self.epoch
 
     # -- FeedListener ------------------------------------------------------------------------
 
     def changed(self, transitions: Sequence[Transition]) -> None:
+        if self._pool is not None:
+            self._changed_in_pool(self._pool, transitions)
+            return
         stored, removed, medium = self._packer.stored, self._packer.removed, wire.MEDIUM
         events = [(stored if t.stored else removed)(t.ref.hash, medium[t.tier], t.ref.block) for t in transitions]
         with self._lock:
-            for start in range(0, len(events), MAX_EVENTS_PER_BATCH):
-                self._send(events[start : start + MAX_EVENTS_PER_BATCH])
+            self._send_all(self._topic, events)
+
+    def _changed_in_pool(self, pool: PoolForm, transitions: Sequence[Transition]) -> None:
+        by_topic: dict[bytes, list[bytes]] = {}
+        medium = wire.MEDIUM
+        for t in transitions:
+            topic = pool.topic(t.ref)
+            if topic is not None:
+                event = (pool.stored if t.stored else pool.removed)(t.ref.hash, medium[t.tier])
+                by_topic.setdefault(topic, []).append(event)
+        with self._lock:
+            for topic, events in by_topic.items():
+                self._send_all(topic, events)
 
     def cleared(self) -> None:
         with self._lock:
-            self._send([self._packer.cleared])
+            self._send_cleared()
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _send(self, events: list[bytes]) -> None:
+    def _send_cleared(self) -> None:
+        """Under the lock."""
+        if self._pool is not None:
+            self._send(self._pool.cleared_topic, [self._pool.cleared])
+        else:
+            self._send(self._topic, [self._packer.cleared])
+
+    def _send_all(self, topic: bytes, events: list[bytes]) -> None:
+        """Under the lock: a mass eviction becomes several messages."""
+        for start in range(0, len(events), MAX_EVENTS_PER_BATCH):
+            self._send(topic, events[start : start + MAX_EVENTS_PER_BATCH])
+
+    def _send(self, topic: bytes, events: list[bytes]) -> None:
         """Under the lock."""
         payload = wire.encode_batch(self._clock.now(), events)
         seq = self._next_seq
         self._next_seq += 1
-        self._pub.send_multipart((self._topic, wire.seq_bytes(seq), payload), copy=False)
-        self._ring.append((seq, payload))
+        self._pub.send_multipart((topic, wire.seq_bytes(seq), payload), copy=False)
+        self._ring.append((seq, topic, payload))
         self.batches += 1
         self.events += len(events)
 
@@ -140,9 +173,9 @@ class ZmqPublisher:
             return
         ident, start = frames[0], wire.seq_of(frames[2])
         with self._lock:
-            batches = [(seq, payload) for seq, payload in self._ring if seq >= start]
-        for seq, payload in batches:
-            self._router.send_multipart((ident, b"", self._topic, wire.seq_bytes(seq), payload), copy=False)
+            batches = [entry for entry in self._ring if entry[0] >= start]
+        for seq, topic, payload in batches:
+            self._router.send_multipart((ident, b"", topic, wire.seq_bytes(seq), payload), copy=False)
         self._router.send_multipart((ident, b"", b"", wire.END_SEQ, b""))
 
     def stats(self) -> PublisherStats:

@@ -39,7 +39,7 @@ class ServiceEvents:
         if config.events_port >= 0:
             from kvstore.events.publisher import ZmqPublisher
 
-            self.publisher = ZmqPublisher(config, clock)
+            self.publisher = ZmqPublisher(config, clock, pool=config.events_pool)
             listeners.append(self.publisher)
         self.table: StoreTable | None = None
         self.indexer: IndexerApi | None = None

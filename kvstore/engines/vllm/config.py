@@ -14,19 +14,31 @@
  "lookup_backoff_s": 5.0,         # after a failed lookup, skip lookups this long
  "transfer_timeout_s": 10.0,      # worker loads / saves
  "transports": ["shm", "tcp"],
- "stage_host_caches": false}      # move a CPU cache through host staging rows as a CUDA cache is
+ "stage_host_caches": false,      # move a CPU cache through host staging rows as a CUDA cache is
                                   #   moved (its host stand-in: the same code path, for tests)
+ "block_names": "kvstore"}        # "vllm": name blocks by vLLM's own block hashes, so the store's
+                                  #   KV events carry them (llm-d resolves those; docs/kv-events.md)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any, ClassVar
 
 from kvstore.config import META_ENV, TOKEN_ENV, load_config
 from kvstore.engines.keys import Granularity
 from kvstore.errors import InvalidArgument
+
+
+class BlockNames(str, Enum):
+    """Whose hash names a block: kvstore's (kvstore.blockhash over the tokens, which kvstore's
+    router and indexer compute too) or vLLM's own (`request.block_hashes`, which vLLM's KV events
+    carry, so an indexer that learned them from the engines matches the store's blocks)."""
+
+    KVSTORE = "kvstore"
+    VLLM = "vllm"
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class ConnectorConfig:
     transfer_timeout_s: float = 10.0
     transports: tuple[str, ...] = ("shm", "tcp")
     stage_host_caches: bool = False
+    block_names: BlockNames = BlockNames.KVSTORE
 
     def __post_init__(self) -> None:
         if not self.meta:

@@ -39,8 +39,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvstore.engines.keys import Granularity
-from kvstore.engines.vllm.config import ConnectorConfig
+from kvstore.engines.keys import Granularity, Shard
+from kvstore.engines.vllm.config import BlockNames, ConnectorConfig
 from kvstore.engines.vllm.groups import GroupLayout
 from kvstore.engines.vllm.metadata import NamingHandshake, StepMetadata, TransferPromMetrics, TransferStats
 from kvstore.engines.vllm.scheduler import SchedulerSide
@@ -75,6 +75,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.groups = GroupLayout.from_kv_cache_config(kv_cache_config) if len(groups) > 1 else None
         if self.groups is not None:
             _check_hybrid(self.config, self.groups)
+        if self.config.block_names is BlockNames.VLLM:
+            _check_vllm_names(self.groups, getattr(kv_cache_config, "hash_block_size", None), self.block_size)
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -83,12 +85,14 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self.config, self.block_size, load=True, save=ktc.is_kv_producer, groups=self.groups
             )
         else:
+            shard = _shard(vllm_config, kv_cache_config)
             self.worker = WorkerSide(
                 self.config,
                 self.block_size,
                 kv_cache_config.num_blocks,
-                _layout_suffix(vllm_config),
+                _layout_suffix(shard),
                 groups=self.groups,
+                shard=shard,
             )
 
     def _worker_side(self) -> WorkerSide:
@@ -237,18 +241,29 @@ def _check_hybrid(config: ConnectorConfig, groups: GroupLayout) -> None:
         )
 
 
+def _check_vllm_names(groups: GroupLayout | None, hash_block_size: int | None, block_size: int) -> None:
+    """block_names "vllm" names each block by vLLM's hash of exactly that block."""
+    if groups is not None:
+        raise InvalidArgument(
+            "kvstore connector: block_names 'vllm' needs a model with one KV cache group "
+            "(a hybrid model's chunks span several of vLLM's blocks)"
+        )
+    if hash_block_size not in (None, block_size):
+        raise InvalidArgument(
+            f"kvstore connector: block_names 'vllm' needs one vLLM block hash per block "
+            f"(vLLM hashes every {hash_block_size} tokens, blocks hold {block_size})"
+        )
+
+
 def _served_name(name: Any) -> str:
     if isinstance(name, (list, tuple)):
         return name[0] if name else ""
     return name or ""
 
 
-def _layout_suffix(vllm_config: VllmConfig) -> str:
-    """What else decides the bytes of a block besides the tensor shapes: the device kind and vLLM
-    version (the attention kernel's in-block layout), and this worker's tensor/pipeline shard."""
-    import vllm
-    from vllm.platforms import current_platform
-
+def _shard(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None) -> Shard:
+    """This worker's tensor/pipeline shard, and how many TP ranks hold the same KV: vLLM's
+    `kv_tp_replicas` (the whole TP group for an MLA model), so that they store it once."""
     par = vllm_config.parallel_config
     tp_rank = pp_rank = 0
     try:
@@ -257,8 +272,17 @@ def _layout_suffix(vllm_config: VllmConfig) -> str:
         tp_rank, pp_rank = get_tp_group().rank_in_group, get_pp_group().rank_in_group
     except (AssertionError, AttributeError, ImportError):
         pass
+    replicas = int(getattr(kv_cache_config, "kv_tp_replicas", 1) or 1)
+    if replicas < 1 or par.tensor_parallel_size % replicas:
+        replicas = 1  # not a layout vLLM describes: store every rank's KV apart, as before
+    return Shard(tp_rank, par.tensor_parallel_size, pp_rank, par.pipeline_parallel_size, replicas)
+
+
+def _layout_suffix(shard: Shard) -> str:
+    """What else decides the bytes of a block besides the tensor shapes: the device kind and vLLM
+    version (the attention kernel's in-block layout), and this worker's shard."""
+    import vllm
+    from vllm.platforms import current_platform
+
     version = ".".join(vllm.__version__.split(".")[:2])
-    return (
-        f"{current_platform.device_type}-vllm{version}-tp{tp_rank}of{par.tensor_parallel_size}"
-        f"-pp{pp_rank}of{par.pipeline_parallel_size}"
-    )
+    return f"{current_platform.device_type}-vllm{version}-{shard.tag}"

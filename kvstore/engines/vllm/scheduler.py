@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore import blockhash
-from kvstore.engines.keys import KeyScheme
-from kvstore.engines.vllm.config import ConnectorConfig
+from kvstore.engines.keys import KeyScheme, engine_name
+from kvstore.engines.vllm.config import BlockNames, ConnectorConfig
 from kvstore.engines.vllm.groups import GroupKind, GroupLayout
 from kvstore.engines.vllm.lookups import Lookup, StoreLookups
 from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata, TransferStats
@@ -157,6 +157,9 @@ class SchedulerSide:
         tokens = request.prompt_token_ids
         if tokens is None or getattr(request, "mm_features", None):
             return []  # prompt embeddings / images: their KV is not named by tokens
+        if self.config.block_names is BlockNames.VLLM:  # one vLLM hash per block (connector.py checks)
+            engine = getattr(request, "block_hashes", None) or []
+            return [engine_name(h) for h in engine[: len(tokens) // self.block_size]]
         return self._hashing.block_hashes(tokens, _extra_key(request))
 
     def _stored_blocks(self, hashes: list[bytes]) -> Lookup:

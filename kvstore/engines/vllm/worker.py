@@ -22,8 +22,8 @@ import torch
 from kvstore.client import KVClient, KVStoreError
 from kvstore.config import ClientConfig
 from kvstore.engines.codec import KVBlockCodec, LoadResult, SaveResult, SchemeMismatch
-from kvstore.engines.keys import Granularity, KeyScheme
-from kvstore.engines.vllm.config import ConnectorConfig
+from kvstore.engines.keys import Granularity, KeyScheme, Shard
+from kvstore.engines.vllm.config import BlockNames, ConnectorConfig
 from kvstore.engines.vllm.groups import GroupLayout
 from kvstore.engines.vllm.metadata import BlockJob, LoadJob, NamingHandshake, StepMetadata, TransferStats
 from kvstore.engines.vllm.planes import UnsupportedCache, cache_planes, open_codec, read_planes
@@ -43,13 +43,17 @@ class WorkerSide:
         layout_suffix: str,
         client: Any | None = None,
         groups: GroupLayout | None = None,
+        shard: Shard | None = None,
     ) -> None:
+        """`layout_suffix` names this worker's shard in the keys (connector._layout_suffix);
+        `shard.writes` False: another TP rank holds (and stores) the same KV, so this one only loads."""
         self.config = config
         self.groups = groups if groups is not None and groups.hybrid else None
         # A hybrid model's keys name chunks (groups.py): its block size is the chunk's.
         self.block_size = self.groups.chunk_tokens if self.groups is not None else block_size
         self.num_blocks = num_blocks
         self.layout_suffix = layout_suffix
+        self.writes = shard is None or shard.writes
         self._client = client
         self.codec: KVBlockCodec | StagedCodec | None = None
         self._failed_loads: set[str] = set()  # hybrid: requests whose async load fell short
@@ -77,6 +81,8 @@ class WorkerSide:
         cache = read_planes(kv_caches, self.num_blocks, self.groups, self.config.granularity)
         self._layer_of_name = cache.layer_of_name
         layout = f"{cache.layout}-{self.layout_suffix}"
+        if self.config.block_names is BlockNames.VLLM:  # never one namespace for two hashes
+            layout += "-vllmnames"
         scheme = KeyScheme(
             model=model,
             layout=layout,
@@ -200,7 +206,7 @@ class WorkerSide:
     def save_layer(self, meta: StepMetadata, layer_name: str) -> None:
         """Layer `layer_name` of this step is computed: store that layer of every block the step
         completes (layer granularity; block granularity saves everything in `end_step`)."""
-        if not meta.saves or self.codec is None or self._saves_whole(self.codec):
+        if not meta.saves or not self.writes or self.codec is None or self._saves_whole(self.codec):
             return
         layer = self._layer_of_name.get(layer_name)
         if layer is not None:
@@ -210,7 +216,7 @@ class WorkerSide:
         """The forward pass is done. Synchronous saves: wait until this step's blocks are stored
         (by this step's saves, or by earlier ones still writing some of them), so a finished
         request's output goes out only after its KV is in kvstore."""
-        if meta.saves and self.codec is not None and self._saves_whole(self.codec):
+        if meta.saves and self.writes and self.codec is not None and self._saves_whole(self.codec):
             self._submit_save(self.codec, meta.saves, None)
         futures, self._step_saves = self._step_saves, []
         waits, self._step_waits = list(self._step_waits.values()), {}
