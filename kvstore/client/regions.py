@@ -95,10 +95,12 @@ class RegionPool:
         try:
             reply = self.meta.call(Reserve(self.client_id, self.host, size))
         except KVStoreError as exc:  # e.g. an older service without regions, or none answering now
-            self._paused_until = now + PAUSE_S.get(exc.code, PAUSE_DEFAULT_S)
+            # From the failure, not from before the call: a call to no service outlasts the pause,
+            # and every value of the batch would ask again.
+            self._paused_until = time.monotonic() + PAUSE_S.get(exc.code, PAUSE_DEFAULT_S)
             return None
         if reply.code is not ErrorCode.OK or reply.grant is None or reply.segment is None:
-            self._paused_until = now + PAUSE_S.get(reply.code, PAUSE_DEFAULT_S)
+            self._paused_until = time.monotonic() + PAUSE_S.get(reply.code, PAUSE_DEFAULT_S)
             return None
         left_s = (reply.grant.expires_ms - now_ms(self.clock)) / 1000 - EXPIRY_MARGIN_S
         self._size = min(self.region_bytes, self._size * 2)

@@ -2,9 +2,13 @@
 namespace), recording every operation to a history (tests/fleet/history.py).
 
     stream  puts batches of new keys, reads keys already put, removes a few, until a line
-            `stop` (or EOF) arrives on stdin; prints `driver ready` first, `driver done` last
+            `stop` (or EOF) arrives on stdin; prints `driver ready` first, `driver done` last.
+            With --pause-pid, a line `arm` makes it SIGSTOP that process (the leader) on its next
+            metadata call named --pause-in (Get, PutEnd...), --pause-ms after sending it, and
+            print `driver paused`: the call is in flight when the service stops
     verify  reads back every key the given histories put (phase "final"), retrying an
-            acknowledged key whose read fails until it reads or --within seconds pass
+            acknowledged key whose read fails (but with KeyNotFound: the settled fleet's answer)
+            until it reads or --within seconds pass
     puts    --count put batches in a row; prints how many were acknowledged
     links   puts and reads --count values of --mib MiB, then prints the link monitor's figures
             as one JSON line `links: [...]`
@@ -16,17 +20,22 @@ bytes cannot match. The token comes from $KVSTORE_TOKEN.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import json
+import os
 import random
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from kvstore.client import KVClient
 from kvstore.config import ClientConfig
-from kvstore.errors import KVStoreError
+from kvstore.errors import KeyNotFound, KVStoreError
+from kvstore.wire.call import Call
 from tests.fleet.history import HistoryWriter, digest, read_history
 
 MAX_VALUE = 32 << 10
@@ -38,14 +47,51 @@ def value_of(seed: int, key: str) -> bytes:
     return hashlib.shake_128(f"{seed}:{key}".encode()).digest(size)
 
 
+class Tap:
+    """The client's metadata calls, watched: which service answered the last one (the checker's
+    Op.leader), and, once armed, a SIGSTOP of a process while a call of one kind is in flight."""
+
+    def __init__(self, client: KVClient) -> None:
+        self.meta, self._call = client.meta, client.meta.call
+        self.answered: str | None = None  # the service that answered a call since the op began
+        self.last: str | None = None  # ... the last call ever
+        self.pause: tuple[int, str, float] | None = None  # (pid, call name, seconds after sending)
+        self.armed = threading.Event()
+        client.meta.call = self._tapped  # type: ignore[method-assign]
+
+    def _tapped(self, req: Call[Any], timeout_s: float | None = None, retry_s: float = 0.0) -> Any:
+        if self.pause is not None and type(req).__name__ == self.pause[1] and self.armed.is_set():
+            self.armed.clear()
+            pid, name, after = self.pause
+            threading.Timer(after, self._stop, (pid, name, after)).start()
+        reply = self._call(req, timeout_s, retry_s)
+        self.answered = self.last = self.meta.current
+        return reply
+
+    @staticmethod
+    def _stop(pid: int, name: str, after: float) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        print(f"driver paused {pid} {after * 1000:.1f} ms into a {name}", flush=True)
+
+
 class Recorder:
     """Runs batch calls on a KVClient, one history record per key."""
 
     def __init__(self, client: KVClient, history: HistoryWriter, deadline_s: float, phase: str = "run") -> None:
         self.client, self.history, self.deadline_s, self.phase = client, history, deadline_s, phase
+        self.tap = Tap(client)
 
     def _invoke(self, op: str, keys: list[str], digests: list[str | None]) -> list[str]:
+        self.tap.answered = None
         return [self.history.invoke(op, k, self.deadline_s, d, self.phase) for k, d in zip(keys, digests)]
+
+    def _complete(
+        self, op_id: str, ok: bool, read_digest: str | None = None, error: BaseException | None = None
+    ) -> None:
+        """Recorded with the service that answered this op's metadata call, or (none answered: a
+        read on cached locations) the last one that answered, as not fresh."""
+        leader = self.tap.answered or self.tap.last
+        self.history.complete(op_id, ok, read_digest, error, leader, fresh=self.tap.answered is not None)
 
     def put(self, keys: list[str], values: list[bytes]) -> list[bool]:
         ids = self._invoke("put", keys, [digest(v) for v in values])
@@ -53,26 +99,26 @@ class Recorder:
             self.client.put_many(keys, values)
         except Exception as exc:  # noqa: BLE001 - any error, typed or not, is recorded: the checker judges it
             for op_id in ids:
-                self.history.complete(op_id, False, error=exc, leader=self.client.meta.current)
+                self._complete(op_id, False, error=exc)
             return [False] * len(keys)
         for op_id in ids:
-            self.history.complete(op_id, True, leader=self.client.meta.current)
+            self._complete(op_id, True)
         return [True] * len(keys)
 
-    def get(self, keys: list[str]) -> list[bool]:
+    def get(self, keys: list[str]) -> list[BaseException | None]:
+        """Each key's error, None where it was read."""
         ids = self._invoke("get", keys, [None] * len(keys))
         buffers = [bytearray(MAX_VALUE) for _ in keys]
         try:
             results = self.client.get_many_into(keys, buffers, strict=False)
         except Exception as exc:  # noqa: BLE001 - recorded, as above
             results = [exc] * len(keys)
-        leader = self.client.meta.current
         for op_id, buf, got in zip(ids, buffers, results):
             if isinstance(got, BaseException):
-                self.history.complete(op_id, False, error=got, leader=leader)
+                self._complete(op_id, False, error=got)
             else:
-                self.history.complete(op_id, True, digest(memoryview(buf)[:got]), leader=leader)
-        return [not isinstance(r, BaseException) for r in results]
+                self._complete(op_id, True, digest(memoryview(buf)[:got]))
+        return [r if isinstance(r, BaseException) else None for r in results]
 
     def remove(self, keys: list[str]) -> list[bool]:
         ids = self._invoke("remove", keys, [None] * len(keys))
@@ -81,7 +127,7 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001 - recorded, as above
             errors = [exc] * len(keys)
         for op_id, err in zip(ids, errors):
-            self.history.complete(op_id, err is None, error=err, leader=self.client.meta.current)
+            self._complete(op_id, err is None, error=err)
         return [e is None for e in errors]
 
 
@@ -92,13 +138,6 @@ def _client(args: argparse.Namespace) -> KVClient:
 def stream(args: argparse.Namespace) -> None:
     stop = threading.Event()
 
-    def watch_stdin() -> None:
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-        stop.set()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
     rng = random.Random(args.seed)
     history = HistoryWriter(Path(args.history), args.client, args.tenant)
     written: list[str] = []
@@ -106,6 +145,18 @@ def stream(args: argparse.Namespace) -> None:
     n = 0
     with _client(args) as client:
         rec = Recorder(client, history, DEADLINES * args.timeout)
+        if args.pause_pid:
+            rec.tap.pause = (args.pause_pid, args.pause_in, args.pause_ms / 1000)
+
+        def watch_stdin() -> None:
+            for line in sys.stdin:
+                if line.strip() == "stop":
+                    break
+                if line.strip() == "arm":
+                    rec.tap.armed.set()
+            stop.set()
+
+        threading.Thread(target=watch_stdin, daemon=True).start()
         print("driver ready", flush=True)
         while not stop.is_set():
             r = rng.random()
@@ -139,7 +190,11 @@ def verify(args: argparse.Namespace) -> None:
             again = []
             for start in range(0, len(pending), 32):
                 keys = pending[start : start + 32]
-                again += [k for k, ok in zip(keys, rec.get(keys)) if not ok and k in must]
+                # A miss once the fleet settled is the answer; a transport error may pass.
+                got = rec.get(keys)
+                again += [
+                    k for k, e in zip(keys, got) if e is not None and not isinstance(e, KeyNotFound) and k in must
+                ]
             if not again or time.monotonic() > deadline:
                 break
             pending = again
@@ -171,6 +226,7 @@ def links(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack, to see a hang
     p = argparse.ArgumentParser(prog="python -m tests.fleet.driver")
     p.add_argument("mode", choices=["stream", "verify", "puts", "links"])
     p.add_argument("--meta", required=True)
@@ -184,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--within", type=float, default=30.0)
     p.add_argument("--count", type=int, default=8)
     p.add_argument("--mib", type=float, default=1.0)
+    p.add_argument("--pause-pid", type=int, default=0)
+    p.add_argument("--pause-in", default="PutEnd")
+    p.add_argument("--pause-ms", type=float, default=0.0)
     args = p.parse_args(argv)
     try:
         {"stream": stream, "verify": verify, "puts": puts, "links": links}[args.mode](args)

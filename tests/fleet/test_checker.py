@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from tests.fleet.checker import Kind, check
-from tests.fleet.history import HistoryWriter, Op, read_history
+from tests.fleet.history import HistoryWriter, Op, Sighting, read_history, read_sightings, sighting_line
 
 TYPED = {"Unavailable", "TransportError", "KeyNotFound", "NotLeader"}
 A, B, C = "d-a", "d-b", "d-c"
@@ -102,3 +102,63 @@ def test_histories_round_trip_through_jsonl(tmp_path: Path):
     ]
     kinds = {v.kind for v in check(ops, TYPED).violations}
     assert kinds == {Kind.UNTYPED, Kind.HUNG, Kind.LOST}
+
+
+OLD, NEW = "10.0.0.2:1", "10.0.0.3:1"
+
+
+def sightings() -> list[Sighting]:
+    """OLD leads epoch 1; NEW is seen leading epoch 2 at 10.0-10.1; OLD leads again, epoch 3, seen
+    at 30.0-30.1 (at 20.0 it still stood by)."""
+    return [
+        Sighting(OLD, "leader", 1, 0.0, 0.1),
+        Sighting(NEW, "standby", 1, 0.0, 0.1),
+        Sighting(NEW, "leader", 2, 10.0, 10.1),
+        Sighting(OLD, "standby", 2, 20.0, 20.1),
+        Sighting(OLD, "leader", 3, 30.0, 30.1),
+    ]
+
+
+def test_a_clean_handover_passes():
+    history = [
+        op(1, "put", "k", 1.0, 1.1, True, A, leader=OLD),
+        op(2, "get", "k", 9.9, 10.5, True, A, leader=OLD),  # asked before NEW led, read within the grant
+        op(3, "put", "k2", 10.2, 10.3, True, B, leader=NEW),
+        op(4, "get", "k2", 31.0, 31.1, True, B, leader=OLD),  # OLD leads again
+        op(5, "get", "k", 40.0, 40.1, True, A, leader=OLD, phase="final"),
+        op(6, "get", "k2", 40.0, 40.1, True, B, leader=OLD, phase="final"),
+        op(7, "get", "k", 12.0, 12.1, False, error="Unavailable", leader=OLD),  # failed: no answer
+        op(8, "get", "k", 10.5, 11.0, True, A, leader=OLD, fresh=False),  # on a cached grant, in time
+    ]
+    report = check(history, TYPED, sightings=sightings(), grant_s=2.0)
+    assert report.violations == [], report.summary()
+
+
+def test_each_kind_of_leadership_violation_is_reported():
+    history = [
+        op(1, "put", "k", 1.0, 1.1, True, A, leader=OLD),
+        op(2, "get", "k", 12.0, 12.1, True, A, leader=OLD),  # OLD answered after NEW led: a stale read
+        op(3, "put", "k2", 15.0, 15.1, True, B, leader=OLD),  # ... and a write outside its lease
+        op(4, "get", "k", 9.0, 14.0, True, A, leader=OLD),  # OLD's grant honoured 3.9 s after NEW led
+        op(7, "get", "k", 13.0, 13.5, True, A, leader=OLD, fresh=False),  # a cached grant, expired
+        op(5, "get", "k", 40.0, 40.1, True, A, leader=OLD, phase="final"),
+        op(6, "get", "k2", 40.0, 40.1, True, B, leader=OLD, phase="final"),
+    ]
+    two = [*sightings(), Sighting(OLD, "leader", 2, 10.5, 10.6)]  # both claim epoch 2
+    report = check(history, TYPED, sightings=two, grant_s=2.0)
+    found = {(v.kind, v.op_id) for v in report.violations}
+    assert found == {
+        (Kind.SPLIT_BRAIN, "epoch 2"),
+        (Kind.STALE_LEADER, "c:2"),
+        (Kind.STALE_LEADER, "c:3"),
+        (Kind.GRANT_PAST_LEASE, "c:4"),
+        (Kind.GRANT_PAST_LEASE, "c:7"),
+    }, report.summary()
+    assert report.stale_reads == 3
+
+
+def test_sightings_round_trip_and_histories_skip_them(tmp_path: Path):
+    path = tmp_path / "roles.jsonl"
+    path.write_text("".join(sighting_line(s) + "\n" for s in sightings()) + '{"event": "sigh')
+    assert read_sightings([path]) == sightings()
+    assert read_history([path]) == []
