@@ -27,6 +27,7 @@ class MetaConfig:
     low_watermark: float = 0.85  # DRAM: stop evicting (or demoting) once below this
     ssd_high_watermark: float = 0.95  # SSD: delete least recently used blocks past this
     ssd_low_watermark: float = 0.90  # SSD: stop deleting once below this
+    eviction: str = "lru"  # which blocks go first: lru | arc (fewer misses on the Mooncake traces; docs/traces.md)
     promote_after_hits: int = 2  # reads of an SSD-resident block that bring it back to DRAM
     pin_cap: float = 0.5  # share of a tier's capacity that pins may hold
     move_timeout_s: float = 30.0  # a claimed tier move not reported by then is abandoned
@@ -85,6 +86,7 @@ class MetaConfig:
             "need 0 < ssd_low_watermark < ssd_high_watermark <= 1",
         )
         require(0.0 <= self.pin_cap <= 1.0, "pin_cap is a share of capacity, 0..1")
+        require(self.eviction in ("lru", "arc"), f"eviction {self.eviction!r}: one of lru, arc")
         require(self.promote_after_hits >= 1, "promote_after_hits must be at least 1")
         require(
             self.durability in ("everysec", "always") or self.durability.startswith("replicas:"),

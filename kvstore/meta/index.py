@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from itertools import pairwise
+from typing import Protocol
 
 from kvstore.errors import AlreadyExists, KeyBusy, KeyNotFound
 from kvstore.meta.orders import KeyOrders, SegmentOrders
@@ -32,6 +33,17 @@ _MAX_SHARED_SIZES = 4096
 # Told (key, locations, entry) when a COMPLETE key stops having replicas at `locations`
 # (removed, evicted, moved away, or its segment dropped); it must only record.
 LostReplicas = Callable[[str, tuple[int, ...], "Entry"], None]
+
+
+class Watcher(Protocol):
+    """An eviction policy that keeps its own order (eviction.py): told of every COMPLETE key's
+    arrival, use and departure, under the store's lock, in O(1)."""
+
+    def added(self, key: str) -> None: ...
+
+    def used(self, key: str) -> None: ...
+
+    def removed(self, key: str) -> None: ...
 
 
 class ObjectState(Enum):
@@ -89,6 +101,7 @@ class ObjectIndex:
         self.by_segment = SegmentOrders(lambda key: self._complete[key].stamp)
         self._stamp = 0  # the last one given
         self.on_lost: LostReplicas | None = None  # forgets.py: SSD journals hear of what is gone
+        self.watcher: Watcher | None = None  # the eviction policy, if it keeps its own order
 
     def __len__(self) -> int:
         return len(self._complete)
@@ -145,6 +158,8 @@ class ObjectIndex:
         self.by_segment.add(key, entry.segments(), newest=True)
         if key[:1] == "\0":
             self.tenant_keys[tenant_of(key)] += 1
+        if self.watcher is not None:
+            self.watcher.added(key)
         return entry
 
     def _next_stamp(self) -> int:
@@ -171,6 +186,8 @@ class ObjectIndex:
             self.tenant_keys[tenant_of(key)] -= 1
         if self.on_lost is not None:
             self.on_lost(key, entry.replicas(), entry)
+        if self.watcher is not None:
+            self.watcher.removed(key)
         return entry
 
     def touch(self, key: str) -> None:
@@ -183,6 +200,8 @@ class ObjectIndex:
             self.by_segment.discard(key, numbers)
             entry.stamp = self._next_stamp()
             self.by_segment.add(key, numbers, newest=True)
+            if self.watcher is not None:
+                self.watcher.used(key)
 
     def set_replicas(self, key: str, locations: tuple[int, ...]) -> None:
         """Replace where a key lives (a replica was lost, or the block moved); keeps recency."""
@@ -244,6 +263,17 @@ class ObjectIndex:
             assert len(set(locations)) == len(locations), f"{key}: duplicate replica"
 
 
+class Scope(Protocol):
+    """The COMPLETE objects an eviction may take: the whole index, one tenant's (TenantRecency),
+    or those in some segments (SegmentRecency)."""
+
+    def least_recent(self) -> Iterator[tuple[str, Entry]]:
+        """The objects in the scope, least recently used first."""
+
+    def entry(self, key: str) -> Entry | None:
+        """`key`'s entry if it is a COMPLETE object in the scope, else None. O(1)."""
+
+
 class TenantRecency:
     """One tenant's objects as an eviction policy walks them (least recently used first)."""
 
@@ -254,6 +284,9 @@ class TenantRecency:
     def least_recent(self) -> Iterator[tuple[str, Entry]]:
         return self._index.least_recent_of(self._tenant)
 
+    def entry(self, key: str) -> Entry | None:
+        return self._index.get(key) if tenant_of(key) == self._tenant else None
+
 
 class SegmentRecency:
     """The objects with a replica in some segments as an eviction policy walks them (least recently
@@ -261,7 +294,16 @@ class SegmentRecency:
 
     def __init__(self, index: ObjectIndex, numbers: Iterable[int]) -> None:
         self._index = index
-        self._numbers = numbers
+        self._numbers = numbers if isinstance(numbers, (set, frozenset)) else frozenset(numbers)
 
     def least_recent(self) -> Iterator[tuple[str, Entry]]:
         return self._index.least_recent_in(self._numbers)
+
+    def entry(self, key: str) -> Entry | None:
+        entry = self._index.get(key)
+        if entry is None:
+            return None
+        loc = entry.locations
+        if isinstance(loc, int):
+            return entry if loc >> OFFSET_BITS in self._numbers else None
+        return entry if any(x >> OFFSET_BITS in self._numbers for x in loc) else None

@@ -16,8 +16,7 @@ from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import InvalidArgument
 from kvstore.grant import GrantSigner
-from kvstore.meta import forgets, inspect, listing, pins, recovery, upkeep
-from kvstore.meta.eviction import EvictionPolicy, LRUEviction
+from kvstore.meta import eviction, forgets, inspect, listing, pins, recovery, upkeep
 from kvstore.meta.gate import WriteGate
 from kvstore.meta.holds import HoldRecord
 from kvstore.meta.journal import Journal, NoJournal
@@ -57,16 +56,16 @@ class MetaStore:
         config: MetaConfig,
         signer: GrantSigner,
         clock: Clock | None = None,
-        policy: EvictionPolicy | None = None,
+        policy: eviction.EvictionPolicy | None = None,
         journal: Journal | None = None,
         grant_ceiling: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         self._signer = signer
         self._clock = clock or SystemClock()
-        self._policy = policy or LRUEviction()
         self._journal: Journal = journal or NoJournal()
         self._st = MetaState(grant_ceiling)
+        self._policy = eviction.attach(policy or eviction.make_policy(config.eviction), self._st.index)
         self._st.tracking = self._journal.durable
         self._gate = WriteGate(config, self._clock, self._journal)
         self._tiering = Tiering(config, self._st, self._policy, signer)
@@ -387,6 +386,7 @@ class MetaStore:
         agree with the index, the moves in flight and the quarantine."""
         with self._lock:
             inspect.check_invariants(self._st, self._tiering, self.regions.regions.spans())
+            eviction.check(self._policy, self._st.index)
 
     def list_keys(self, prefix: str = "", limit: int = 0, cursor: str = "", hidden: str = "") -> KeyListing:
         """One page of the COMPLETE keys starting with `prefix` (none starting with `hidden`, if

@@ -6,7 +6,7 @@ put of an existing key leave it).
     InfiniteCache  every block ever stored: the bound no eviction policy can pass
     LRUCache       exact least-recently-used at a capacity in blocks: O(1) a block (OrderedDict)
 
-A new policy (issue 27, part 3) is one more PrefixCache; `simulate` runs any of them.
+Every policy is a PrefixCache; `simulate` runs any of them (the candidates: policies.py).
 """
 
 from __future__ import annotations
