@@ -94,27 +94,35 @@ class MetaClient:
         self, name: str, request: Any, timeout_s: float | None = None, retry_s: float = 0.0, repeatable: bool = True
     ) -> Any:
         """One call, followed to the leader; while no service answers, again with backoff for up
-        to `retry_s` (only if `repeatable`: a call whose outcome is unknown is not sent twice)."""
-        give_up = time.monotonic() + retry_s
+        to `retry_s` (only if `repeatable`: a call whose outcome is unknown is not sent twice).
+        Its hops share one timeout: a standby that names an unreachable leader, then the leader's
+        silence, take `timeout_s` together, not each (plus `retry_s` of asking again)."""
+        budget = self.timeout_s if timeout_s is None else timeout_s
+        now = time.monotonic()
+        give_up, deadline = now + retry_s, now + budget + retry_s
         attempt = hops = 0
+        failure: Unavailable | None = None
         while True:
             address = self._targets.current
+            left = deadline - time.monotonic()
+            if left <= 0 and failure is not None:
+                raise failure
             try:
-                return self._channel(address).call(name, request, timeout_s)
+                return self._channel(address).call(name, request, timeout_s if left >= budget else max(left, 1e-3))
             except NotLeader as exc:  # not executed there: always safe to send to the leader
                 hops += 1
+                failure = exc
                 if self._targets.follow(exc.leader, address) and hops <= _MAX_HOPS:
                     continue
-                failure: Unavailable = exc
             except WrongShard:  # a stale shard map, not an outage: only the sharded client can mend it
                 raise
             except Unavailable as exc:
                 if not repeatable:
                     raise
+                failure = exc
                 if self._targets.next_after(address) and attempt < len(self._targets):
                     attempt += 1
                     continue
-                failure = exc
             pause = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
             if time.monotonic() + pause >= give_up:
                 raise failure
