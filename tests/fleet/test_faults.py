@@ -17,6 +17,9 @@ from benchmarks.fleet.netns import Fleet
 from tests.fleet import faults, scenarios
 
 SEEDS = [int(s) for s in os.environ.get("KVSTORE_FLEET_SEEDS", "1").split(",")]
+# Scenarios CI leaves to the benchmark, the soak and KVSTORE_FLEET_ALL=1: each shows a bug that
+# another scenario in CI shows too (leader-from-daemons: DROPPED, as daemon-from-service).
+NOT_IN_CI = () if os.environ.get("KVSTORE_FLEET_ALL") == "1" else ("leader-from-daemons",)
 
 
 def marked(scenario: scenarios.Scenario) -> object:
@@ -26,7 +29,7 @@ def marked(scenario: scenarios.Scenario) -> object:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", [marked(s) for s in faults.ALL])
+@pytest.mark.parametrize("name", [marked(s) for s in faults.ALL if s.name not in NOT_IN_CI])
 def test_a_fault_loses_nothing_and_the_fleet_settles(net: Fleet, tmp_path: Path, name: str, seed: int):
     measures = scenarios.play(faults.BY_NAME[name], net, tmp_path, seed)
     print(measures.line())
