@@ -22,7 +22,10 @@ class MetaConfig:
     put_lease_ttl_s: float = 30.0  # an unfinished put is revoked after this
     write_grant_ttl_s: float = 10.0  # a put's bytes must be written this soon after PutStart
     suspect_ttl_s: float = 10.0  # a daemon a client saw fail gets no new blocks for this long
-    heartbeat_ttl_s: float = 10.0  # a daemon silent this long loses its segments
+    heartbeat_ttl_s: float = 10.0  # a daemon silent this long has its segments set aside (not read, not placed)
+    # ...and this much longer, its DRAM and GPU segments are dropped with their replicas (SSD ones at
+    # once: its journal announces them again). 0: dropped at once, acknowledged DRAM puts with them.
+    silent_grace_s: float = 60.0
     high_watermark: float = 0.95  # DRAM: start evicting (or demoting) past used/capacity
     low_watermark: float = 0.85  # DRAM: stop evicting (or demoting) once below this
     ssd_high_watermark: float = 0.95  # SSD: delete least recently used blocks past this
@@ -111,6 +114,7 @@ class MetaConfig:
             require(getattr(self, name) > 0, f"{name} must be positive")
         for name in ("admin_port", "events_port", "events_replay_port"):
             require(-1 <= getattr(self, name) < 65536, f"{name} {getattr(self, name)} out of range (-1 off, 0 any)")
+        require(self.silent_grace_s >= 0, "silent_grace_s must not be negative")
         require(self.admin_request_timeout_s > 0, "admin_request_timeout_s must be positive")
         require(self.admin_max_connections >= 1, "admin_max_connections must be at least 1")
         require(self.events_replay_batches >= 1, "events_replay_batches must be at least 1")

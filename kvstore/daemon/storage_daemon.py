@@ -51,6 +51,10 @@ class StorageDaemon:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.daemon_id = config.daemon_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        # DRAM and GPU segments die with this process: their ids are new in every run, also under a
+        # configured daemon_id, so that a restarted daemon never confirms the service's record of
+        # memory it no longer holds (a segment set aside while its daemon was silent: upkeep.py).
+        self._memory_id = f"{config.daemon_id}-{secrets.token_hex(3)}" if config.daemon_id else self.daemon_id
         secret, insecure = resolve_secret(config.secret)
         if insecure:
             log.warning(
@@ -147,13 +151,13 @@ class StorageDaemon:
         tag = f"-s{link.shard}" if shards > 1 else ""
         made: list[SegmentStorage] = []
         for i, size in enumerate(split_sizes(cfg.dram_size // shards, cfg.segment_size)):
-            made.append(DramSegment(f"{self.daemon_id}{tag}-dram{i}", size, cfg.shm_dir))
+            made.append(DramSegment(f"{self._memory_id}{tag}-dram{i}", size, cfg.shm_dir))
         if cfg.ssd_dir:
             made.extend(self._open_ssd(link, shards))
         if cfg.gpu_size:
             from kvstore.storage.gpu import GpuSegment
 
-            made.append(GpuSegment(f"{self.daemon_id}{tag}-gpu0", cfg.gpu_size // shards, cfg.gpu_device))
+            made.append(GpuSegment(f"{self._memory_id}{tag}-gpu0", cfg.gpu_size // shards, cfg.gpu_device))
         for seg in made:
             self._segments[seg.segment_id] = seg
             link.segments[seg.segment_id] = seg

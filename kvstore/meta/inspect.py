@@ -18,7 +18,9 @@ _TIER_COUNTERS = ("blocks", "hits", "evictions", "demotions", "promotions")
 
 
 def stats(st: MetaState, wall_offset: float) -> StoreStats:
-    """`wall_offset`: wall clock minus monotonic clock, to show heartbeats as wall times."""
+    """`wall_offset`: wall clock minus monotonic clock, to show heartbeats as wall times. The
+    daemons are those in service: one gone silent, its segments all set aside until it mounts them
+    again or they are dropped (upkeep.drop_silent), is not listed."""
     tiers = []
     for tier in Tier:
         used, capacity = st.usage(tier)
@@ -33,6 +35,7 @@ def stats(st: MetaState, wall_offset: float) -> StoreStats:
             sum(seg.allocator.used for s in d.segment_ids if (seg := st.segments.get(s))),
         )
         for d in st.segments.daemons()
+        if not all((seg := st.segments.get(s)) is not None and seg.set_aside for s in d.segment_ids)
     )
     segs = st.segments.segments()
     return StoreStats(

@@ -42,7 +42,7 @@ class Reads:
         checked = False
         for loc in entry.replicas():
             seg = st.segment_of(loc)
-            if not seg.confirmed:  # loaded after a takeover; its daemon has not vouched for it yet
+            if not seg.confirmed:  # loaded after a takeover, or set aside: its daemon has not vouched for it since
                 continue
             tiers.append(seg.info.tier)
             flags = LOCAL if seg.local_to(client_host) else 0
@@ -54,7 +54,9 @@ class Reads:
         if not grants:
             st.leases.end(lease_id, holder)
             return GetResult(
-                ErrorCode.UNAVAILABLE, f"{key!r}: no replica confirmed yet since this service took over; retry shortly"
+                ErrorCode.UNAVAILABLE,
+                f"{key!r}: no replica's daemon has mounted it again since this service took over or stopped "
+                "hearing from it; retry shortly",
             )
         if checked:
             st.note_grant(key, until)

@@ -33,7 +33,8 @@ class Segment:
     info: SegmentInfo
     number: int  # persistent (kept in the journal), so a loaded index rebuilds its locations
     allocator: OffsetAllocator
-    confirmed: bool = True  # False: loaded from the journal, its daemon has not mounted it again yet
+    confirmed: bool = True  # False: loaded from the journal, or set aside; its daemon has not mounted it again yet
+    set_aside: float = 0.0  # monotonic time its daemon was found silent (0: it was not): kept, not used
 
     @property
     def segment_id(self) -> str:
@@ -96,7 +97,7 @@ class SegmentTable:
                     f"segment {info.segment_id} comes back from daemon {info.daemon_id} as {info.tier.value} of "
                     f"{info.capacity} bytes, not as it was recorded: unmount it first"
                 )
-            existing.info, existing.confirmed = info, True
+            existing.info, existing.confirmed, existing.set_aside = info, True, 0.0
             self._version += 1
             self.heartbeat(info.daemon_id, now)
             return existing
@@ -140,6 +141,13 @@ class SegmentTable:
             if not daemon.segment_ids:
                 del self._daemons[seg.daemon_id]
         return seg
+
+    def set_aside(self, segment_id: str, now: float) -> None:
+        """Its daemon went silent: keep the segment and its replicas, read and place nothing there,
+        until the daemon mounts it again (confirming it) or it is dropped."""
+        seg = self._by_id[segment_id]
+        seg.confirmed, seg.set_aside = False, now
+        self._version += 1
 
     def heartbeat(self, daemon_id: str, now: float) -> bool:
         """Record that a daemon is alive; False if it has no mounted segments."""
@@ -195,6 +203,7 @@ class SegmentTable:
         return self._view(True, tier)
 
     def unconfirmed(self) -> list[Segment]:
+        """Loaded from the journal or set aside, and not mounted again since."""
         return [s for s in self._by_id.values() if not s.confirmed]
 
     def largest_capacity(self, tier: Tier) -> int:

@@ -173,9 +173,9 @@ class MetaStore:
 
     @property
     def reconciling(self) -> int:
-        """Segments loaded from the journal that their daemons have not mounted again yet."""
+        """Segments loaded from the journal that their daemons have not mounted again (not set aside) yet."""
         with self._lock:
-            return len(self._st.segments.unconfirmed())
+            return sum(not seg.set_aside for seg in self._st.segments.unconfirmed())
 
     # -- puts -----------------------------------------------------------------------------------
 

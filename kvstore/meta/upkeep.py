@@ -1,9 +1,9 @@
 """The metadata service's periodic upkeep, under the store's lock: what time alone changes.
 
 Expired puts are revoked, leases and pins end, quarantined space that came due is freed, stale
-moves are abandoned, daemons silent past their TTL lose their segments, segments loaded after a
-takeover and never mounted again are dropped, and DRAM (and GPU, SSD) is evicted back under its
-watermarks.
+moves are abandoned, daemons silent past their TTL have their segments set aside (dropped if
+they stay silent), segments loaded after a takeover and never mounted again are dropped, and
+DRAM (and GPU, SSD) is evicted back under its watermarks.
 """
 
 from __future__ import annotations
@@ -34,22 +34,48 @@ def expire(st: MetaState, tiering: Tiering, config: MetaConfig, now: float) -> N
 
 
 def drop_silent(st: MetaState, config: MetaConfig, mono: float, unmount: Callable[[str], int]) -> None:
-    """Daemons that have not heartbeated within heartbeat_ttl_s (monotonic) lose their segments
-    (unmount: SsdForgets.unmount, so a persistent one's replicas are dropped, not deleted)."""
+    """Daemons that have not heartbeated within heartbeat_ttl_s (monotonic) have their DRAM and GPU
+    segments set aside: kept with their replicas, nothing read from or placed in them, until the
+    daemon mounts them again (a partition healed: every acknowledged put there is back) or
+    silent_grace_s passes (the daemon is gone: they are dropped). SSD segments are dropped at once
+    (unmount: SsdForgets.unmount, so their replicas are dropped, not deleted): the daemon's journal
+    announces what they hold when it mounts them again."""
     for daemon in st.segments.silent_daemons(mono, config.heartbeat_ttl_s):
-        log.warning(
-            "daemon %s silent for %.1f s: dropping its %d segments",
-            daemon.daemon_id,
-            mono - daemon.last_heartbeat,
-            len(daemon.segment_ids),
-        )
-        for segment_id in list(daemon.segment_ids):
-            unmount(segment_id)
+        segs = [seg for s in sorted(daemon.segment_ids) if (seg := st.segments.get(s)) is not None]
+        kept = {seg.segment_id for seg in segs if seg.info.tier is not Tier.SSD and config.silent_grace_s > 0}
+        if any(seg.confirmed for seg in segs):
+            log.warning(
+                "daemon %s silent for %.1f s: %d segments set aside until it mounts them again (dropped in %.0f s), "
+                "%d dropped",
+                daemon.daemon_id,
+                mono - daemon.last_heartbeat,
+                len(kept),
+                config.silent_grace_s,
+                len(segs) - len(kept),
+            )
+        for seg in segs:
+            if seg.segment_id in kept:
+                if seg.confirmed:
+                    st.segments.set_aside(seg.segment_id, mono)
+            else:
+                unmount(seg.segment_id)
+    for seg in st.segments.unconfirmed():
+        if seg.set_aside and mono - seg.set_aside > config.silent_grace_s:
+            log.warning(
+                "segment %s of daemon %s set aside %.0f s ago and not mounted again: dropping its replicas",
+                seg.segment_id,
+                seg.daemon_id,
+                mono - seg.set_aside,
+            )
+            unmount(seg.segment_id)
 
 
 def drop_unconfirmed(st: MetaState, config: MetaConfig, unmount: Callable[[str], int]) -> None:
-    """The reconcile window after a takeover closed: segments no daemon mounted again go."""
+    """The reconcile window after a takeover closed: segments loaded then that no daemon mounted
+    again go (those set aside since wait out silent_grace_s)."""
     for seg in st.segments.unconfirmed():
+        if seg.set_aside:
+            continue
         log.warning(
             "segment %s of daemon %s was not mounted again within %.0f s of the takeover: dropping its replicas",
             seg.segment_id,

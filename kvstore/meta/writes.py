@@ -93,11 +93,11 @@ class Writes:
                     f"in {wait_ms} ms: retry then",
                     retry_after_ms=wait_ms,
                 )
-            if self._st.segments.unconfirmed():  # a takeover: daemons mount their segments again
+            if self._st.segments.unconfirmed():  # a takeover, or silent daemons: set aside until mounted again
                 return PutStartResult(
                     ErrorCode.NO_SPACE,
-                    f"no room for {size} bytes yet: this service took over and not every daemon has mounted its "
-                    "segments again: retry",
+                    f"no room for {size} bytes yet: not every daemon has mounted its segments again since this "
+                    "service took over or stopped hearing from it: retry",
                     retry_after_ms=REMOUNT_RETRY_MS,
                 )
             return PutStartResult(

@@ -28,6 +28,7 @@ def _tls(pki) -> tuple[list[str], list[str]]:
 
 FAST_LIVENESS = {
     "KVSTORE_META_HEARTBEAT_TTL_S": "1.0",
+    "KVSTORE_META_SILENT_GRACE_S": "0.5",  # the daemons these tests stop are gone, not cut off
     "KVSTORE_META_TICK_INTERVAL_S": "0.1",
     "KVSTORE_DAEMON_HEARTBEAT_INTERVAL_S": "0.2",
 }

@@ -29,7 +29,10 @@ def test_a_wall_clock_jump_drops_no_daemon_and_loses_no_key():
         store.check_invariants()
         assert store.exists(keys) == [True] * 10
         assert len(store.stats().daemons) == 1
-    clock.advance(11)  # real silence still counts
+    clock.advance(11)  # real silence still counts: set aside...
+    store.tick()
+    assert store.exists(keys) == [True] * 10 and not store.stats().daemons
+    clock.advance(store.config.silent_grace_s + 1)  # ...and dropped
     store.tick()
     assert store.exists(keys) == [False] * 10 and not store.stats().daemons
 

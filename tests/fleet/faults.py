@@ -1,6 +1,7 @@
 """The faults of tests/fleet/test_faults.py and benchmarks/fleet/scenarios.py: each a Scenario
 (tests/fleet/scenarios.py) whose fault step makes the fault and waits until it bites, and returns
-the step that heals it. The bug they found that is still open is named here (DROPPED; docs/fleet.md)."""
+the step that heals it. A scenario that shows a bug still open names it (Scenario.bug; the bugs they
+found, all fixed now, are in docs/fleet.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def _daemon_from_service(run: Run) -> Callable[[], None]:
         run.net.partition(daemon, meta)  # clients still reach it
     run.made()
     n = len(run.fleet.daemons)
-    wait_until(lambda: 0 <= run.daemons_seen() < n, timeout=WAIT_S, what=f"the service to drop {daemon.name}")
-    run.notes.append(f"{daemon.name} cut off from the service until dropped")
+    wait_until(lambda: 0 <= run.daemons_seen() < n, timeout=WAIT_S, what=f"the service to set {daemon.name} aside")
+    run.notes.append(f"{daemon.name} cut off from the service until set aside")
 
     def heal() -> None:
         for meta, _, _ in run.fleet.metas:
@@ -74,7 +75,7 @@ def _clients(run: Run) -> list[Host]:
 
 def _leader_from_daemons(run: Run) -> Callable[[], None]:
     heal = _leader_from(_daemons)(run)
-    wait_until(lambda: run.daemons_seen() == 0, timeout=WAIT_S, what="the leader to drop its daemons")
+    wait_until(lambda: run.daemons_seen() == 0, timeout=WAIT_S, what="the leader to set its daemons aside")
     return heal
 
 
@@ -127,7 +128,7 @@ def _flapping(run: Run) -> Callable[[], None]:
 def _everything(run: Run) -> Callable[[], None]:
     """The leader from Redis (the standby takes over), one daemon from the client, the other from
     the old leader: then every partition healed at once. (The other daemon cut off from the new
-    leader instead would leave no daemon to put to, and lose what it holds: see DROPPED.)"""
+    leader instead would leave no daemon to put to.)"""
     leader, _, address = run.leading()
     d1 = run.daemon()
     d2 = next(h for h, _ in run.fleet.daemons if h != d1)
@@ -140,18 +141,12 @@ def _everything(run: Run) -> Callable[[], None]:
     return run.net.heal_all
 
 
-# Found by these scenarios; each one's test is a strict xfail until it is fixed (docs/fleet.md).
-DROPPED = ("LOST: a daemon the service hears no heartbeat from for heartbeat_ttl_s loses its segments "
-           "(kvstore/meta/upkeep.py drop_silent), and when it mounts them again (a DRAM segment) they come "
-           "back empty (SegmentTable.mount): every acknowledged put on it is gone though the daemon, "
-           "partitioned but alive, kept the bytes")  # fmt: skip
-
 ALL = [
     Scenario("daemon-from-clients", _daemon_from_clients, puts_during=True),
-    Scenario("daemon-from-service", _daemon_from_service, puts_during=True, bug=DROPPED),
+    Scenario("daemon-from-service", _daemon_from_service, puts_during=True),
     Scenario("leader-from-redis", _leader_from(_redis), puts_during=True),
     Scenario("leader-to-redis-one-way", _leader_from(_redis, both=False), puts_during=True),
-    Scenario("leader-from-daemons", _leader_from_daemons, puts_during=False, bug=DROPPED),
+    Scenario("leader-from-daemons", _leader_from_daemons, puts_during=False),
     # A shorter timeout_s: the calls that outlast their deadline come back sooner.
     Scenario("leader-from-clients", _leader_from(_clients), puts_during=False, timeout_s=2.0),
     Scenario("pause-leader-in-get", _pause_leader, puts_during=True, pause_in="Get"),

@@ -36,6 +36,7 @@ FAST = {
     "KVSTORE_META_SSD_HIGH_WATERMARK": "0.9",
     "KVSTORE_META_SSD_LOW_WATERMARK": "0.8",
     "KVSTORE_META_HEARTBEAT_TTL_S": "1",
+    "KVSTORE_META_SILENT_GRACE_S": "1",  # the daemon these tests kill is dead: its DRAM goes soon
     "KVSTORE_DAEMON_HEARTBEAT_INTERVAL_S": "0.2",
 }
 TIERS = ("--segment-size", "32MiB", "--ssd", "256MiB")

@@ -193,21 +193,66 @@ def test_stale_pending_put_does_not_block_the_key(store, clock):
     assert store.put_start(["k"], [10]).results[0].code is ErrorCode.OK  # no tick needed
 
 
-def test_silent_daemon_loses_its_segments(store, clock):
+def _silence(store, clock, seconds, speaking=("d1", ["s1"])):
+    """`seconds` pass in 4 s steps, `speaking` heartbeating and the store ticking."""
+    for _ in range(int(seconds // 4)):
+        clock.advance(4)
+        assert store.heartbeat(*speaking) == []
+        store.tick()
+        store.check_invariants()
+
+
+def test_a_silent_daemon_is_set_aside_and_its_blocks_come_back_with_it(store, clock):
+    """DROPPED (docs/fleet.md): a daemon cut off from the service, but alive, keeps its
+    DRAM; when it comes back its acknowledged puts must be readable, not gone."""
+    mount(store, "d1", "s1")
+    mount(store, "d2", "s2")
+    twice = [f"k{i}" for i in range(6)]
+    put(store, twice, size=1024, replicas=2)
+    once = [f"one{i}" for i in range(8)]
+    on_s2 = [k for k, r in zip(once, put(store, once, size=1024)) if r.grants[0].segment_id == "s2"]
+    assert on_s2
+    _silence(store, clock, 12)  # d2 silent for 12 s > its 10 s TTL
+    assert {d.daemon_id for d in store.stats().daemons} == {"d1"}  # out of service...
+    assert store.exists(twice + on_s2) == [True] * (len(twice) + len(on_s2))  # ...its blocks kept
+    assert all([g.segment_id for g in r.grants] == ["s1"] for r in store.get(twice).results)
+    assert {r.code for r in store.get(on_s2).results} == {ErrorCode.UNAVAILABLE}  # retry, not a miss
+    assert all(r.grants[0].segment_id == "s1" for r in put(store, ["new0", "new1"], size=1024, replicas=2))
+    assert store.reconciling == 0  # not a takeover's
+    assert store.heartbeat("d2", ["s2"]) == ["s2"]  # back: told to mount again
+    mount(store, "d2", "s2")
+    store.check_invariants()
+    assert {d.daemon_id for d in store.stats().daemons} == {"d1", "d2"}
+    assert all(r.code is ErrorCode.OK and r.grants[0].segment_id == "s2" for r in store.get(on_s2).results)
+    assert all(len(r.grants) == 2 for r in store.get(twice).results)
+
+
+def test_a_daemon_silent_past_its_grace_loses_its_segments(clock):
+    cfg = MetaConfig(heartbeat_ttl_s=10, silent_grace_s=20)
+    store = MetaStore(cfg, SIGNER, clock)
     mount(store, "d1", "s1")
     mount(store, "d2", "s2")
     put(store, [f"k{i}" for i in range(6)], size=1024, replicas=2)
     put(store, ["single"], size=1024)
-    for _ in range(3):
-        clock.advance(4)
-        assert store.heartbeat("d1", ["s1"]) == []
-        store.tick()
-        store.check_invariants()
+    _silence(store, clock, 28)  # set aside at 12 s, 16 s later: kept
+    assert store.exists(["single"]) == [True]
+    _silence(store, clock, 8)  # 24 s > 20 s after it was set aside: dropped
     assert {d.daemon_id for d in store.stats().daemons} == {"d1"}
     assert all(
         len(r.grants) == 1 and r.grants[0].segment_id == "s1" for r in store.get([f"k{i}" for i in range(6)]).results
     )
-    # a restarted daemon is told to mount again
+    assert store.stats().keys == 6 + (store.get(["single"]).results[0].code is ErrorCode.OK)
+    assert store.heartbeat("d2", ["s2"]) == ["s2"]  # a daemon coming back mounts afresh
+    store.check_invariants()
+
+
+def test_without_a_grace_a_silent_daemon_loses_its_segments_at_once(clock):
+    store = MetaStore(MetaConfig(heartbeat_ttl_s=10, silent_grace_s=0), SIGNER, clock)
+    mount(store, "d1", "s1")
+    mount(store, "d2", "s2")
+    put(store, [f"k{i}" for i in range(6)], size=1024, replicas=2)
+    _silence(store, clock, 12)
+    assert {d.daemon_id for d in store.stats().daemons} == {"d1"} and store.stats().capacity == SEG
     assert store.heartbeat("d2", ["s2"]) == ["s2"]
 
 
