@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 from benchmarks.fleet.netns import Host
+from kvstore.metaclient.rediskeys import Keys
 from tests.cluster import wait_until
+from tests.fleet.rediscluster import repl_offset
 from tests.fleet.roles import role_of
-from tests.fleet.scenarios import WAIT_S, Run, Scenario
+from tests.fleet.scenarios import WAIT_S, Run, Scenario, ops
 
 FLAPS = 8  # down/up cycles of a flapping link before it is healed
 
@@ -141,6 +144,46 @@ def _everything(run: Run) -> Callable[[], None]:
     return run.net.heal_all
 
 
+def _redis_master(unreplicated: bool) -> Callable[[Run], Callable[[], None]]:
+    """Kill (SIGKILL) the Redis Cluster master of the store's records while puts stream; its
+    replica is promoted by the cluster. With `unreplicated`, the master is first cut off from its
+    replica until a put fails: the writes it takes then are never WAITed for (durability
+    replicas:1) and are lost with it. Healed by starting the node again on its files: it rejoins
+    as the promoted node's replica, and until then no write rests on two copies (none acknowledged)."""
+
+    def fault(run: Run) -> Callable[[], None]:
+        cluster = run.fleet.redis_cluster
+        assert cluster is not None
+        master = cluster.master_of(Keys("default").obj)
+        replica = cluster.replica_of(master)
+        if unreplicated:
+            run.net.partition(master.host, replica.host)
+            cut = time.monotonic()
+            wait_until(lambda: any(o.op == "put" and o.ok is False and o.invoke > cut for o in ops(run.history)),
+                       timeout=WAIT_S, what="a put refused, its write not on the replica")  # fmt: skip
+            ahead = repl_offset(master) - repl_offset(replica)
+            assert ahead > 0, "the master took no write its replica lacks: nothing un-WAITed to lose"
+            run.notes.append(f"master {ahead} bytes of writes ahead of its replica")
+        cluster.kill(master)
+        run.made()
+        others = [n for n in cluster.nodes if n is not master]
+        wait_until(lambda: replica.role() == "master" and all(n.cluster_ok() for n in others), timeout=WAIT_S,
+                   what=f"{replica.host.name} promoted")  # fmt: skip
+        how = ", cut off from its replica first," if unreplicated else ""
+        run.notes.append(f"{master.host.name} (master of the records){how} killed, {replica.host.name} promoted")
+
+        def heal() -> None:
+            if unreplicated:
+                run.net.heal(master.host, replica.host)
+            cluster.start(master)
+            wait_until(lambda: master.role() == "slave" and master.cluster_ok(), timeout=WAIT_S,
+                       what=f"{master.host.name} back as a replica")  # fmt: skip
+
+        return heal
+
+    return fault
+
+
 ALL = [
     Scenario("daemon-from-clients", _daemon_from_clients, puts_during=True),
     Scenario("daemon-from-service", _daemon_from_service, puts_during=True),
@@ -153,5 +196,7 @@ ALL = [
     Scenario("pause-leader-in-putend", _pause_leader, puts_during=True, pause_in="PutEnd"),
     Scenario("flapping-client-daemon", _flapping, puts_during=True),
     Scenario("partitions-then-heal-all", _everything, puts_during=True),
+    Scenario("redis-cluster-master-killed", _redis_master(False), puts_during=False, redis_cluster=True),
+    Scenario("redis-cluster-unwaited-write-lost", _redis_master(True), puts_during=False, redis_cluster=True),
 ]
 BY_NAME = {s.name: s for s in ALL}

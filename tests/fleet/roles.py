@@ -21,6 +21,8 @@ from kvstore.errors import KVStoreError
 from kvstore.metaclient.client import MetaClient
 from kvstore.wire.calls import ServiceInfo, Stats
 from tests.cluster import ADMIN_TOKEN, READY, SECRET, Proc, found, wait_until
+from tests.fleet import rediscluster
+from tests.fleet.rediscluster import RedisCluster
 from tests.ha.conftest import FAST
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,11 +31,18 @@ ENV = {**FAST, "KVSTORE_SECRET": SECRET, "KVSTORE_TOKEN": ADMIN_TOKEN, "PYTHONUN
 REDIS_PORT = 6379
 
 
-def spawn_on(net: Fleet, host: Host, argv: list[str], ready: re.Pattern[str] = READY, timeout: float = 60.0) -> Proc:
-    """Start `argv` on `host` and return once it prints a line matching `ready` (stdin is a pipe:
-    a driver stops on a line `stop`)."""
+def spawn_on(
+    net: Fleet,
+    host: Host,
+    argv: list[str],
+    ready: re.Pattern[str] = READY,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Proc:
+    """Start `argv` on `host` (ENV, and `env`, in its environment) and return once it prints a
+    line matching `ready` (stdin is a pipe: a driver stops on a line `stop`)."""
     popen = net.popen(host, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                      text=True, cwd=REPO, env={**os.environ, **ENV})  # fmt: skip
+                      text=True, cwd=REPO, env={**os.environ, **ENV, **(env or {})})  # fmt: skip
     proc = Proc(popen, "")
     lines: queue.Queue[str | None] = queue.Queue()
     stdout = popen.stdout
@@ -101,6 +110,7 @@ class KVFleet:
     daemons: list[tuple[Host, Proc]] = field(default_factory=list)
     clients: list[Host] = field(default_factory=list)
     startup_s: float = 0.0
+    redis_cluster: RedisCluster | None = None  # where the records live on a Redis Cluster (r1..r6)
 
     @property
     def meta_list(self) -> str:
@@ -127,28 +137,32 @@ class KVFleet:
         return done.stdout
 
 
-def start(net: Fleet, tmp: Path, daemons: int = 2, clients: int = 1, dram: str = "128MiB") -> KVFleet:
+def start(
+    net: Fleet, tmp: Path, daemons: int = 2, clients: int = 1, dram: str = "128MiB", redis_cluster: bool = False
+) -> KVFleet:
     """Hosts redis, meta1, meta2, d1..dN, c1..cM on `net`, with Redis, the HA pair (meta1 leads)
-    and the daemons started and writes open. Prints the start-up time, in parts."""
+    and the daemons started and writes open. Prints the start-up time, in parts. With
+    `redis_cluster`, a Redis Cluster on r1..r6 instead of redis, and the service's durability
+    replicas:1 (an acknowledged change rests on a master and its replica)."""
     t0 = time.monotonic()
     fleet = KVFleet(net, tmp)
-    redis = net.add_host("redis")
+    if not redis_cluster:
+        net.add_host("redis")
     for i in (1, 2):
         net.add_host(f"meta{i}")
     for i in range(1, daemons + 1):
         net.add_host(f"d{i}")
     fleet.clients = [net.add_host(f"c{i}") for i in range(1, clients + 1)]
     t_hosts = time.monotonic()
-    (tmp / "redis").mkdir(parents=True, exist_ok=True)
-    net.popen(redis, ["redis-server", "--port", str(REDIS_PORT), "--bind", redis.address, "--dir", str(tmp / "redis"),
-                      "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"],
-              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    wait_until(lambda: redis_ping(redis.address, REDIS_PORT), timeout=20, what="redis-server to answer PING")
-    url = f"redis://{redis.address}:{REDIS_PORT}/0"
+    if redis_cluster:
+        fleet.redis_cluster = rediscluster.start(net, tmp)
+        url, env = fleet.redis_cluster.url, {"KVSTORE_META_DURABILITY": "replicas:1"}
+    else:
+        url, env = _redis(net, net.hosts["redis"], tmp), {}
     t_redis = time.monotonic()
     for i in (1, 2):
         host = net.hosts[f"meta{i}"]
-        proc = spawn_on(net, host, kvstore("meta", "--host", host.address, "--port", "0", "--redis", url))
+        proc = spawn_on(net, host, kvstore("meta", "--host", host.address, "--port", "0", "--redis", url), env=env)
         fleet.metas.append((host, proc, found(r"meta=(\S+)", proc.ready_line).group(1)))
         if i == 1:
             wait_until(lambda: role_of(fleet.metas[0][2]) == "leader", timeout=60,
@@ -166,3 +180,13 @@ def start(net: Fleet, tmp: Path, daemons: int = 2, clients: int = 1, dram: str =
           f"{t_redis - t_hosts:.1f} s, 2 meta {t_meta - t_redis:.1f} s, "
           f"{daemons} daemons {t_end - t_meta:.1f} s")  # fmt: skip
     return fleet
+
+
+def _redis(net: Fleet, redis: Host, tmp: Path) -> str:
+    """One redis-server on `redis` (AOF everysec); its URL once it answers PING."""
+    (tmp / "redis").mkdir(parents=True, exist_ok=True)
+    net.popen(redis, ["redis-server", "--port", str(REDIS_PORT), "--bind", redis.address, "--dir", str(tmp / "redis"),
+                      "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"],
+              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    wait_until(lambda: redis_ping(redis.address, REDIS_PORT), timeout=20, what="redis-server to answer PING")
+    return f"redis://{redis.address}:{REDIS_PORT}/0"

@@ -125,6 +125,7 @@ class Scenario:
     pause_in: str = ""  # the stream's driver pauses the leader in this call (see the module doc)
     bug: str = ""  # a known bug this scenario shows (its test is a strict xfail)
     timeout_s: float = 5.0  # the streaming client's timeout_s (its operations' deadline: 4 x that)
+    redis_cluster: bool = False  # the records on a Redis Cluster (r1..r6), durability replicas:1
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class Measures:
 
 
 def play(scenario: Scenario, net: Fleet, tmp: Path, seed: int) -> Measures:
-    fleet = roles.start(net, tmp)
+    fleet = roles.start(net, tmp, redis_cluster=scenario.redis_cluster)
     rng = random.Random(f"{scenario.name}/{seed}")
     history, sightings = tmp / "c1.jsonl", tmp / "roles.jsonl"
     extra: list[str] = []
