@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from kvstore.client.buffers import byte_view
+from kvstore.config import ClientConfig
 from kvstore.errors import KeyNotFound, TransportError
 
 
@@ -13,6 +14,7 @@ class MemoryStore:
     `gate`, when set, makes every read wait for it (a slow link)."""
 
     def __init__(self) -> None:
+        self.config = ClientConfig()  # as a KVClient's (the engine reports its replica_num)
         self.objects: dict[str, bytes] = {}
         self.fail_keys: set[str] = set()
         self.gate: threading.Event | None = None

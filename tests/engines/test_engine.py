@@ -161,3 +161,11 @@ def test_an_unreachable_store_is_a_fallback_not_an_error(model, cluster):
         assert (pre.metrics.kv_lookup_failed, pre.metrics.kv_save_failed) == (True, True)
         assert dec.tokens == want and dec.metrics.fallback == "unavailable"
         assert (dec.metrics.kv_lookup_failed, dec.metrics.kv_missing_tokens, dec.metrics.cached_tokens) == (True, 96, 0)
+
+
+def test_an_engine_tells_the_router_how_many_replicas_its_blocks_have(model, store_address):
+    """The router's transfer estimate reads each block from its fastest replica (telemetry.py):
+    it learns the replica count from the instances' /kvstore/info."""
+    assert engine(model, Role.DECODE).info()["kv_replicas"] == 1
+    with KVClient(store_address, ClientConfig(replica_num=2)) as kv:
+        assert engine(model, Role.DECODE, kv).info()["kv_replicas"] == 2

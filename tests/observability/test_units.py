@@ -161,3 +161,38 @@ def test_router_bandwidth_is_the_harmonic_mean_of_fresh_links():
     assert telemetry.bandwidth() == pytest.approx(2 / (1 / 1e9 + 1 / 1e8))
     now[0] = 61.0
     assert telemetry.bandwidth() == 123.0 and telemetry.links() == {}
+
+
+def _links(*figures: tuple[str, str, str, float]) -> list[dict[str, object]]:
+    return [{"host": h, "daemon": d, "transport": t, "bandwidth_bytes_per_s": bw} for h, d, t, bw in figures]
+
+
+def test_router_bandwidth_counts_a_daemon_by_its_fastest_transport():
+    """A client reads a daemon over its best transport: a slow tcp figure beside fast shm to the
+    same daemon is not the link a load takes."""
+    telemetry = Telemetry(CostModel(window_s=60), clock=lambda: 0.0)
+    telemetry.record_links(_links(("h", "a", "tcp", 1e8), ("h", "a", "shm", 1e10)))
+    assert telemetry.bandwidth() == pytest.approx(1e10)
+
+
+@pytest.mark.parametrize(
+    "replicas,expected",
+    [
+        (1, 3 / (1 / 1e9 + 1 / 1e8 + 1 / 1e7)),  # each block on one daemon: the mean time per byte
+        (2, 1 / ((2 / 1e9 + 1 / 1e8) / 3)),  # the best of 2 of 3: a, a, b by pairs (a,b) (a,c) (b,c)
+        (3, 1e9),  # on every daemon: the fastest link
+        (5, 1e9),  # more replicas than daemons: as many as there are daemons
+    ],
+)
+def test_router_bandwidth_reads_each_block_from_its_fastest_replica(replicas, expected):
+    """The transfer estimate follows KVClient's replica choice: a block with replicas is read over
+    the fastest link among the daemons holding it (issue 29)."""
+    telemetry = Telemetry(CostModel(window_s=60, kv_replicas=replicas), clock=lambda: 0.0)
+    telemetry.record_links(_links(("h", "a", "tcp", 1e9), ("h", "b", "tcp", 1e8), ("h", "c", "tcp", 1e7)))
+    assert telemetry.bandwidth() == pytest.approx(expected)
+
+
+def test_router_bandwidth_averages_the_hosts_times():
+    telemetry = Telemetry(CostModel(window_s=60, kv_replicas=2), clock=lambda: 0.0)
+    telemetry.record_links(_links(("p", "a", "tcp", 1e9), ("p", "b", "tcp", 1e8), ("d", "a", "tcp", 1e8)))
+    assert telemetry.bandwidth() == pytest.approx(2 / (1 / 1e9 + 1 / 1e8))  # p: the best of both; d: its only

@@ -98,6 +98,7 @@ class ReferenceEngine:
         self._finishing: list[Sequence] = []
         self._load = EngineLoad(0, 0, 0)
         self.connector: StoreConnector | None = None
+        self._replicas = store.config.replica_num if store is not None else 1  # a KVClient's
         if store is not None:
             codec = KVBlockCodec(store, self.scheme, self.cache.layers, config.granularity)
             codec.check_scheme()
@@ -123,6 +124,7 @@ class ReferenceEngine:
             "fingerprint": self.scheme.fingerprint,
             "object_parts": codec.object_parts if codec else None,
             "kv_bytes_per_token": mc.kv_bytes_per_token,
+            "kv_replicas": self._replicas,
             "vocab_size": mc.vocab_size,
             "max_positions": mc.max_positions,
             "tokenizer": "bytes",

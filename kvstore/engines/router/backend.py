@@ -39,6 +39,7 @@ class Rejected(ValueError):
 class Discovery:
     kv_bytes_per_token: int  # for the cost model's link estimate
     storeless: frozenset[str]  # instances without a store: they recompute every prompt
+    kv_replicas: int = 1  # replicas of each block the instances store
 
 
 @dataclass(frozen=True)

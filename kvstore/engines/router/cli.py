@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         live_pools = replace(pools, storeless=found.storeless)
         model = CostModel(
             kv_bytes_per_token=found.kv_bytes_per_token,
+            kv_replicas=found.kv_replicas,
             cached_fraction=args.cached_fraction,
             max_decode_tail_tokens=args.max_decode_tail,
             min_disagg_tokens=args.min_disagg_tokens,

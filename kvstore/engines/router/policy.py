@@ -137,12 +137,15 @@ class CostModel:
     default_bandwidth: float = 1e9  # bytes/s, until transfers are measured
     default_prefill_tps: float = 2000.0  # tokens/s, until prefills are measured
     window_s: float = 60.0  # measurements older than this are forgotten
+    kv_replicas: int = 1  # replicas of each stored block: a load reads the one behind the fastest link
     max_local_prefill_length: int = 1000  # DynamoPolicy's threshold
 
     def __post_init__(self) -> None:
         if not 0.0 < self.cached_fraction <= 1.0:
             raise ValueError("cached_fraction must be in (0, 1]")
-        for name in ("kv_bytes_per_token", "default_bandwidth", "default_prefill_tps", "window_s", "max_prefill_queue"):
+        names = ("kv_bytes_per_token", "default_bandwidth", "default_prefill_tps", "window_s", "max_prefill_queue",
+                 "kv_replicas")  # fmt: skip
+        for name in names:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 

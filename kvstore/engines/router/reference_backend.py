@@ -76,7 +76,9 @@ class ReferenceBackend:
                 f"report {info['fingerprint']}: a different kvstore version?"
             )
         self.naming = BlockNaming(scheme, info["object_parts"])
-        return Discovery(info["kv_bytes_per_token"], frozenset(u for u, i in infos.items() if not i["store"]))
+        storeless = frozenset(u for u, i in infos.items() if not i["store"])
+        replicas = max(i.get("kv_replicas", 1) for i in with_store.values())  # older instances do not say
+        return Discovery(info["kv_bytes_per_token"], storeless, replicas)
 
     def _named(self) -> BlockNaming:
         if self.naming is None:

@@ -3,13 +3,21 @@ per-instance arrival rates, each over a sliding window on an injected clock (tes
 
 Link bandwidth prefers the live figures of the instances' link monitors (each instance's
 KVClient measures its path to every daemon: kvstore.metrics.links), which the instances send with
-their answers: the harmonic mean over the fresh links, since a request's blocks spread over the
-daemons and the slowest dominates. Without any, the bandwidth of recent loads stands in, and
-before anything was measured, the configured default.
+their answers. A client reads each block over its fastest transport to a daemon, from the replica
+behind the fastest link (KVClient's replica choice), so per host a daemon counts with its best
+transport, and a block stored on `replicas` distinct daemons out of the host's D costs the
+expected time of the best of `replicas` daemons drawn at random: sorted by time per byte t1 <=
+... <= tD, the i-th is the best one drawn with probability C(D - i, replicas - 1) / C(D,
+replicas). With one replica that is the mean time per byte (the harmonic mean of the
+bandwidths: a request's blocks spread over the daemons and the slowest dominates); with a
+replica on every daemon, the fastest link's. The hosts' times are averaged. Without any figure,
+the bandwidth of recent loads stands in, and before anything was measured, the configured
+default.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +34,8 @@ class Defaults(Protocol):
     def default_bandwidth(self) -> float: ...
     @property
     def default_prefill_tps(self) -> float: ...
+    @property
+    def kv_replicas(self) -> int: ...
 
 
 class _Rate:
@@ -113,10 +123,24 @@ class Telemetry:
         return {f"{h}->{d}/{t}": bw for (h, d, t), (bw, _) in self._links.items()}
 
     def bandwidth(self) -> float:
-        live = list(self.links().values())
-        if live:
-            return len(live) / sum(1.0 / bw for bw in live)
+        self.links()  # forgets the stale ones
+        best: dict[str, dict[str, float]] = {}  # host -> daemon -> its fastest transport's bandwidth
+        for (host, daemon, _), (bw, _) in self._links.items():
+            per_host = best.setdefault(host, {})
+            per_host[daemon] = max(bw, per_host.get(daemon, 0.0))
+        if best:
+            seconds = [expected_time(list(d.values()), self.model.kv_replicas) for d in best.values()]
+            return len(seconds) / sum(seconds)
         return self._link.value() or self.model.default_bandwidth
 
     def prefill_tps(self) -> float:
         return self._prefill.value() or self.model.default_prefill_tps
+
+
+def expected_time(bandwidths: list[float], replicas: int) -> float:
+    """Seconds per byte of a block stored on `replicas` of these daemons (distinct, drawn at
+    random) and read from the one with the fastest link."""
+    times = sorted(1.0 / bw for bw in bandwidths)
+    r = min(max(1, replicas), len(times))
+    ways = math.comb(len(times), r)
+    return sum(t * math.comb(len(times) - i, r - 1) for i, t in enumerate(times, 1)) / ways
