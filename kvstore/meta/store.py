@@ -352,7 +352,7 @@ class MetaStore:
             self.regions.regions.expire(now)
             upkeep.drop_silent(self._st, self.config, mono, self._forgets.unmount)
             if self._gate.reconcile_due(mono):
-                upkeep.drop_unconfirmed(self._st, self.config, self._forgets.unmount)
+                upkeep.drop_unconfirmed(self._st, self.config, mono, self._forgets.unmount)
             if self._gate.is_open():
                 upkeep.evict_to_watermarks(self._st, self._tiering, self._policy, self.config, now)
             ticket = self._journaled()

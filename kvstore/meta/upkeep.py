@@ -70,19 +70,26 @@ def drop_silent(st: MetaState, config: MetaConfig, mono: float, unmount: Callabl
             unmount(seg.segment_id)
 
 
-def drop_unconfirmed(st: MetaState, config: MetaConfig, unmount: Callable[[str], int]) -> None:
+def drop_unconfirmed(st: MetaState, config: MetaConfig, mono: float, unmount: Callable[[str], int]) -> None:
     """The reconcile window after a takeover closed: segments loaded then that no daemon mounted
-    again go (those set aside since wait out silent_grace_s)."""
+    again are as a silent daemon's (drop_silent): DRAM and GPU ones set aside for silent_grace_s
+    (their daemon may be cut off from this leader only), SSD ones dropped (their journal announces
+    them when mounted again)."""
     for seg in st.segments.unconfirmed():
         if seg.set_aside:
             continue
+        keep = seg.info.tier is not Tier.SSD and config.silent_grace_s > 0
         log.warning(
-            "segment %s of daemon %s was not mounted again within %.0f s of the takeover: dropping its replicas",
+            "segment %s of daemon %s was not mounted again within %.0f s of the takeover: %s",
             seg.segment_id,
             seg.daemon_id,
             config.heartbeat_ttl_s,
+            f"set aside for {config.silent_grace_s:.0f} s more" if keep else "dropping its replicas",
         )
-        unmount(seg.segment_id)
+        if keep:
+            st.segments.set_aside(seg.segment_id, mono)
+        else:
+            unmount(seg.segment_id)
 
 
 def evict_to_watermarks(

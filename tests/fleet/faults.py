@@ -130,8 +130,7 @@ def _flapping(run: Run) -> Callable[[], None]:
 
 def _everything(run: Run) -> Callable[[], None]:
     """The leader from Redis (the standby takes over), one daemon from the client, the other from
-    the old leader: then every partition healed at once. (The other daemon cut off from the new
-    leader instead would leave no daemon to put to.)"""
+    the old leader: then every partition healed at once."""
     leader, _, address = run.leading()
     d1 = run.daemon()
     d2 = next(h for h, _ in run.fleet.daemons if h != d1)

@@ -172,3 +172,28 @@ def test_a_put_before_the_daemons_mount_again_is_told_to_retry():
     assert refused.code == ErrorCode.NO_SPACE and refused.retry_after_ms > 0
     store.mount_segment(info)
     assert store.put_start(["k"], [BLOCK]).results[0].code == ErrorCode.OK
+
+
+def test_a_dram_segment_not_mounted_again_at_a_takeover_is_set_aside_not_dropped():
+    """A daemon cut off from the new leader for its whole reconcile window keeps its DRAM blocks:
+    when it mounts the segment again they are all readable (DROPPED, docs/fleet.md)."""
+    clock, records = FakeClock(), Records()
+    old = MetaStore(CONFIG, SIGNER, clock, journal=records.journal())
+    old.mount_segment(segment("s1", "d1", Tier.DRAM, SEG))
+    keys = [f"k{i}" for i in range(4)]
+    commit(old, keys, old.put_start(keys, [BLOCK] * 4).results)
+    config = MetaConfig(heartbeat_ttl_s=10, silent_grace_s=30, tick_interval_s=1)
+    new = MetaStore(config, SIGNER, clock, journal=records.journal())
+    t = records.tables
+    new.restore([decode_segment(v) for v in t["segments"].values()],
+                [(k, decode_object(v)) for k, v in t["objects"].items()], [], {})  # fmt: skip
+    for _ in range(25):  # the 10 s window closes, 15 s more: set aside, not dropped
+        clock.advance(1)
+        new.tick()
+    assert new.reconciling == 0 and new.stats().daemons == ()
+    assert new.exists(keys) == [True] * 4
+    assert {r.code for r in new.get(keys).results} == {ErrorCode.UNAVAILABLE}
+    assert new.heartbeat("d1", ["s1"]) == ["s1"]
+    new.mount_segment(segment("s1", "d1", Tier.DRAM, SEG))
+    assert all(r.code is ErrorCode.OK for r in new.get(keys).results)
+    new.check_invariants()
