@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from functools import cached_property
 
 MAX_KEY_BYTES = 1024
 # The most keys one call may carry. Larger batches are refused (InvalidArgument) rather than
@@ -44,7 +45,15 @@ class SegmentInfo:
     host_id: str = ""  # the daemon's host (kvstore.hostid): who may reach it over shm
 
     def endpoint(self, transport: str) -> Endpoint | None:
-        return next((e for e in self.endpoints if e.transport == transport), None)
+        return self._by_transport.get(transport)
+
+    @cached_property
+    def _by_transport(self) -> dict[str, Endpoint]:
+        """The first endpoint of each transport (asked per key of every Get, on both sides)."""
+        found: dict[str, Endpoint] = {}
+        for e in self.endpoints:
+            found.setdefault(e.transport, e)
+        return found
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ MetaStore on a fake clock, check_invariants() after each step."""
 from __future__ import annotations
 
 import secrets
+import struct
 
 import pytest
 
 from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
+from kvstore.meta import lease
 from kvstore.meta.store import MetaStore
 from kvstore.types import Tier
 from tests.meta_helpers import HOST, SIGNER, commit, segment
@@ -62,12 +64,18 @@ def test_lease_and_region_ids_are_fresh_draws_from_the_os_generator(clock, monke
         drawn.append((0x5EC0 << 40 | len(drawn) + 1) & ((1 << k) - 1))
         return drawn[-1]
 
+    def urandom(n: int) -> bytes:  # read lease ids: drawn 512 at a time (kvstore/meta/lease.py)
+        words = [(0x5EC0 << 40 | len(drawn) + i + 1) << 1 for i in range(n // 8)]
+        drawn.extend(w >> 1 for w in words)
+        return struct.pack(f"<{n // 8}Q", *words)
+
     monkeypatch.setattr(secrets, "randbits", randbits)
+    monkeypatch.setattr(lease.os, "urandom", urandom)
     store = _store(clock)
     commit(store, ["a", "b"], store.put_start(["a", "b"], [64, 64], client_host=HOST).results)
     drawn.clear()
     leases = [r.lease_id for r in store.get(["a", "b"], client_host=HOST, client_id="r").results]
-    assert leases == drawn
+    assert leases == drawn[::-1][:2]
     drawn.clear()
     region = store.regions.reserve("w1", HOST, 4096)
     assert [region.region_id] == drawn
