@@ -6,8 +6,10 @@ N prefill nodes of `--capacity` tokens each serve the trace twice, routed by the
 (pool_router.py): once with local caches (a node reads only its own daemon), once with the global
 pool (every node reads every daemon). Printed: each run's prefix-hit rate, the global/local ratio,
 the prefill tokens the pool saves, and prefill GPU time from `kvstore plan`'s model
-(prefill_cost.py), beside the paper's figures. `--backend store` runs real daemons (pool_store.py),
-`sim` the exact-LRU simulators (pool_caches.py), `both` the two in turn.
+(prefill_cost.py), beside the paper's figures. `--backend store` runs real daemons on this host
+(pool_store.py), `fleet` runs them across the hosts of a fleet, a node's daemon and client on a
+host of its own and the others' across the bridge, each link at `--link-mbit` (pool_fleet.py;
+needs root), `sim` the exact-LRU simulators (pool_caches.py), `both` store and sim in turn.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.fleet.pool_caches import PoolCaches, Sharing, SimPool
+from benchmarks.fleet.pool_fleet import FleetPool
 from benchmarks.fleet.pool_replay import PoolRun, run_pool
 from benchmarks.fleet.pool_store import StorePool
 from benchmarks.fleet.prefill_cost import PrefillCost
@@ -74,10 +77,14 @@ def node_names(n: int) -> list[str]:
     return [f"node{i}" for i in range(n)]
 
 
-def make_caches(backend: str, sharing: Sharing, nodes: int, capacity: int, kv: KVSize, max_blocks: int) -> PoolCaches:
+def make_caches(
+    backend: str, sharing: Sharing, nodes: int, capacity: int, kv: KVSize, max_blocks: int, link_mbit: float | None
+) -> PoolCaches:
     names = node_names(nodes)
     if backend == "sim":
         return SimPool(sharing, names, blocks_of(capacity))
+    if backend == "fleet":
+        return FleetPool(sharing, names, capacity, kv, link_mbit).start(max_blocks)
     return StorePool(sharing, names, capacity, kv).start(max_blocks)
 
 
@@ -90,16 +97,17 @@ def compare(
     cost: PrefillCost,
     arrival_scale: float,
     cache_aware: bool = True,
+    link_mbit: float | None = None,
 ) -> Comparison:
     runs = []
     max_blocks = max(len(r.hash_ids) for r in requests)
     for sharing in (Sharing.LOCAL, Sharing.GLOBAL):
-        caches = make_caches(backend, sharing, nodes, capacity, kv, max_blocks)
+        caches = make_caches(backend, sharing, nodes, capacity, kv, max_blocks, link_mbit)
         try:
             runs.append(run_pool(requests, caches, cost, arrival_scale, cache_aware=cache_aware))
         finally:
             caches.close()
-        if isinstance(caches, StorePool) and (caches.bad_loads or caches.failed_puts):
+        if isinstance(caches, StorePool | FleetPool) and (caches.bad_loads or caches.failed_puts):
             print(f"trace_pool: {sharing.value}: {caches.bad_loads} bad loads, {caches.failed_puts} failed puts "
                   f"({caches.first_error})", file=sys.stderr)  # fmt: skip
     return Comparison(backend, runs[0], runs[1])
@@ -151,7 +159,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--capacity", type=parse_tokens, default=parse_tokens("3M"), help="tokens a node's cache holds")
     p.add_argument("--scale", type=float, default=40000.0, help="real KV bytes divided by this (default: %(default)g)")
     p.add_argument("--model", default="llama3-70b", choices=sorted(PRESETS), help="for KV size and prefill FLOPs")
-    p.add_argument("--backend", choices=("store", "sim", "both"), default="both")
+    p.add_argument("--backend", choices=("store", "fleet", "sim", "both"), default="both")
+    p.add_argument("--link-mbit", type=float, default=None, help="fleet: every node's link rate (default: unshaped)")
     p.add_argument("--repeat", type=int, default=1, help="runs of each backend (the routing is deterministic)")
     p.add_argument(
         "--arrival-scale",
@@ -186,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = ("sim", "store") if args.backend == "both" else (args.backend,)
     started = time.perf_counter()
     results = [
-        compare(requests, b, args.nodes, args.capacity, kv, cost, arrival_scale, args.router == "prefix")
+        compare(
+            requests, b, args.nodes, args.capacity, kv, cost, arrival_scale, args.router == "prefix", args.link_mbit
+        )
         for b in backends
         for _ in range(args.repeat)
     ]
