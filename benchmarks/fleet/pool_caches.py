@@ -52,6 +52,16 @@ class PoolCaches(Protocol):
     def close(self) -> None: ...
 
 
+def pooled_holdings(nodes: Sequence[str], daemons: Sequence[str]) -> Holdings:
+    """The pool holds the leading len(daemons) blocks, each on the daemon named: each node owns
+    the leading run of them on its own daemon (the daemons are named after their nodes)."""
+    own = dict.fromkeys(nodes, 0)
+    for node in nodes:
+        while own[node] < len(daemons) and daemons[own[node]] == node:
+            own[node] += 1
+    return Holdings(own, len(daemons))
+
+
 def reachable(sharing: Sharing, node: str, holdings: Holdings) -> int:
     """The leading blocks `node` can load: its own cache's, or with a global pool the pool's."""
     return holdings.pooled if sharing is Sharing.GLOBAL else holdings.own.get(node, 0)

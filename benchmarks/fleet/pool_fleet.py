@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.fleet.netns import Fleet, Host, missing
-from benchmarks.fleet.pool_caches import Holdings, Served, Sharing, reachable
+from benchmarks.fleet.pool_caches import Holdings, Served, Sharing, pooled_holdings, reachable
 from benchmarks.fleet.pool_node import READY, keys_of
 from kvstore.bench.trace.format import Request
 from kvstore.bench.trace.sizing import KVSize
@@ -129,13 +129,8 @@ class FleetPool:
                 {n: c.call(op="lookup", keys=keys, describe=False)["count"] for n, c in self._clients.items()}, 0
             )
         reply = self._clients[self.nodes[0]].call(op="lookup", keys=keys, describe=True)
-        pooled, daemons = reply["count"], reply["daemons"]
-        self._placed = dict(zip(keys[:pooled], daemons, strict=True))
-        own = dict.fromkeys(self.nodes, 0)
-        for node in self.nodes:
-            while own[node] < pooled and daemons[own[node]] == node:
-                own[node] += 1
-        return Holdings(own, pooled)
+        self._placed = dict(zip(keys[: reply["count"]], reply["daemons"], strict=True))
+        return pooled_holdings(self.nodes, reply["daemons"])
 
     def serve(self, node: str, request: Request, holdings: Holdings) -> Served:
         hit = reachable(self.sharing, node, holdings)

@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from benchmarks.fleet.pool_caches import Holdings, Served, Sharing, reachable
+from benchmarks.fleet.pool_caches import Holdings, Served, Sharing, pooled_holdings, reachable
 from kvstore.bench.procs import LocalStore, ServerProcess
 from kvstore.bench.trace.format import Request
 from kvstore.bench.trace.replay import BlockValues
@@ -121,11 +121,7 @@ class StorePool:
         pooled = self.clients[self.nodes[0]].match_prefix(keys)
         daemons = _daemons(self.clients[self.nodes[0]].describe(keys[:pooled])) if pooled else []
         self._placed = dict(zip(keys[:pooled], daemons, strict=True))
-        own = dict.fromkeys(self.nodes, 0)
-        for node in self.nodes:
-            while own[node] < pooled and daemons[own[node]] == node:
-                own[node] += 1
-        return Holdings(own, pooled)
+        return pooled_holdings(self.nodes, daemons)
 
     def serve(self, node: str, request: Request, holdings: Holdings) -> Served:
         assert self._values is not None, "start() first"
