@@ -2,8 +2,8 @@
 
 Expired puts are revoked, leases and pins end, quarantined space that came due is freed, stale
 moves are abandoned, daemons silent past their TTL have their segments set aside (dropped if
-they stay silent), segments loaded after a takeover and never mounted again are dropped, and
-DRAM (and GPU, SSD) is evicted back under its watermarks.
+they stay silent), segments loaded after a takeover and never mounted again are set aside the
+same way, and DRAM (and GPU, SSD) is evicted back under its watermarks.
 """
 
 from __future__ import annotations
