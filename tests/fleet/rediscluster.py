@@ -19,14 +19,36 @@ PORT = 6379
 NODES = 6  # three masters, a replica each
 
 
+def _end(buf: bytes, at: int = 0) -> int:
+    """Where the RESP reply starting at `at` ends, or -1 if `buf` does not hold all of it yet."""
+    line = buf.find(b"\r\n", at)
+    if line < 0:
+        return -1
+    kind, head = buf[at : at + 1], buf[at + 1 : line]
+    if kind == b"$":
+        end = line + 2 + max(int(head), 0) + (2 if int(head) >= 0 else 0)
+        return end if len(buf) >= end else -1
+    if kind == b"*":
+        end = line + 2
+        for _ in range(max(int(head), 0)):
+            end = _end(buf, end)
+            if end < 0:
+                return -1
+        return end
+    return line + 2  # +simple, -error, :integer
+
+
 def ask(address: str, *command: str) -> bytes:
-    """One command in RESP, its reply's raw bytes (asked from the root namespace, which no
+    """One command in RESP, its whole reply's raw bytes (asked from the root namespace, which no
     partition separates from a host); b"" where the node does not answer."""
     frame = f"*{len(command)}\r\n".encode() + b"".join(f"${len(c)}\r\n{c}\r\n".encode() for c in command)
     try:
         with socket.create_connection((address, PORT), timeout=1) as s:
             s.sendall(frame)
-            return s.recv(65536)
+            reply = b""
+            while (chunk := s.recv(65536)) and _end(reply := reply + chunk) < 0:
+                pass
+            return reply
     except OSError:
         return b""
 
