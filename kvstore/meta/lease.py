@@ -4,9 +4,9 @@ removed."""
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterator
+from os import urandom
 from typing import NamedTuple
 
 _IDS = struct.Struct("<512Q")  # read lease ids drawn from the OS at a time (shifted to 63 bits)
@@ -71,7 +71,7 @@ class ReadLeases:
 
     def _new_id(self) -> int:
         if not self._ids:
-            self._ids = [v >> 1 or 1 for v in _IDS.unpack(os.urandom(_IDS.size))]
+            self._ids = [v >> 1 or 1 for v in _IDS.unpack(urandom(_IDS.size))]
         return self._ids.pop()
 
     def __len__(self) -> int:

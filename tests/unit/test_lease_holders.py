@@ -70,7 +70,7 @@ def test_lease_and_region_ids_are_fresh_draws_from_the_os_generator(clock, monke
         return struct.pack(f"<{n // 8}Q", *words)
 
     monkeypatch.setattr(secrets, "randbits", randbits)
-    monkeypatch.setattr(lease.os, "urandom", urandom)
+    monkeypatch.setattr(lease, "urandom", urandom)
     store = _store(clock)
     commit(store, ["a", "b"], store.put_start(["a", "b"], [64, 64], client_host=HOST).results)
     drawn.clear()
