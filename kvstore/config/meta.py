@@ -6,8 +6,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvstore.config.common import DEFAULT_META_PORT, SECRET_ENV, limits, require, require_tls
+from kvstore.config.tierspec import parse_tiers
 from kvstore.connlimit import Limits
 from kvstore.shards import ShardSpec
+from kvstore.types import Tier
+
+EVICTIONS = ("lru", "arc")  # kvstore/meta/eviction.py
+ADMISSIONS = ("all", "reused")  # kvstore/meta/admission.py
+DEMOTED_INTO = (Tier.DRAM, Tier.SSD)  # the tiers an admission applies to: nothing is demoted into GPU
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,12 @@ class MetaConfig:
     low_watermark: float = 0.85  # DRAM: stop evicting (or demoting) once below this
     ssd_high_watermark: float = 0.95  # SSD: delete least recently used blocks past this
     ssd_low_watermark: float = 0.90  # SSD: stop deleting once below this
-    eviction: str = "lru"  # which blocks go first: lru | arc (fewer misses on the Mooncake traces; docs/traces.md)
+    # Which blocks go first, per tier: lru | arc (fewer misses on the Mooncake traces), one for every
+    # tier or TIER=NAME items (`lru,ssd=arc`); docs/traces.md.
+    eviction: str = "lru"
+    # Which blocks DRAM and SSD take when the tier above demotes them: all | reused (read since
+    # stored), for both or TIER=NAME items (`ssd=reused`); puts are always admitted. docs/traces.md.
+    admission: str = "all"
     promote_after_hits: int = 2  # reads of an SSD-resident block that bring it back to DRAM
     pin_cap: float = 0.5  # share of a tier's capacity that pins may hold
     move_timeout_s: float = 30.0  # a claimed tier move not reported by then is abandoned
@@ -89,7 +100,8 @@ class MetaConfig:
             "need 0 < ssd_low_watermark < ssd_high_watermark <= 1",
         )
         require(0.0 <= self.pin_cap <= 1.0, "pin_cap is a share of capacity, 0..1")
-        require(self.eviction in ("lru", "arc"), f"eviction {self.eviction!r}: one of lru, arc")
+        parse_tiers(self.eviction, EVICTIONS, "lru", "eviction")  # InvalidArgument for a bad one
+        parse_tiers(self.admission, ADMISSIONS, "all", "admission", DEMOTED_INTO)
         require(self.promote_after_hits >= 1, "promote_after_hits must be at least 1")
         require(
             self.durability in ("everysec", "always") or self.durability.startswith("replicas:"),

@@ -6,9 +6,9 @@ The seam (`--eviction`, MetaConfig.eviction; docs/traces.md has the study that c
     arc  ARC (eviction_arc.py): keys stored and never read since leave before keys read again,
          the split between the two adapting to what comes back
 
-A policy that keeps its own order (ARC) is the index's watcher (`attach`): it hears of every
-COMPLETE key the index adds, uses (a read or a touch) and removes, in O(1) each, under the
-store's lock.
+Each tier may name its own (`--eviction dram=lru,ssd=arc`; tierpolicy.py). A policy that keeps
+its own order (ARC) is one of the index's watchers: it hears of every COMPLETE key the index adds,
+uses (a read or a touch) and removes, in O(1) each, under the store's lock.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from kvstore.config.meta import EVICTIONS
 from kvstore.errors import InvalidArgument
 from kvstore.meta.eviction_arc import ARCEviction
 from kvstore.meta.index import ObjectIndex, Scope
 
-POLICIES = ("lru", "arc")
+POLICIES = EVICTIONS
 
 
 Recency = Scope  # the name it had
@@ -57,13 +58,6 @@ def make_policy(name: str) -> EvictionPolicy:
     if name == "arc":
         return ARCEviction()
     raise InvalidArgument(f"eviction policy {name!r}: one of {', '.join(POLICIES)}")
-
-
-def attach(policy: EvictionPolicy, index: ObjectIndex) -> EvictionPolicy:
-    """`policy`, made the index's watcher if it keeps its own order."""
-    if isinstance(policy, ARCEviction):
-        index.watcher = policy
-    return policy
 
 
 def check(policy: EvictionPolicy, index: ObjectIndex) -> None:

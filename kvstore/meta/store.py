@@ -16,7 +16,7 @@ from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import InvalidArgument
 from kvstore.grant import GrantSigner
-from kvstore.meta import eviction, forgets, inspect, listing, pins, recovery, upkeep
+from kvstore.meta import eviction, forgets, inspect, listing, pins, recovery, tierpolicy, upkeep
 from kvstore.meta.gate import WriteGate
 from kvstore.meta.holds import HoldRecord
 from kvstore.meta.journal import Journal, NoJournal
@@ -42,7 +42,7 @@ from kvstore.results import (
     PutWritten,
     StoreStats,
 )
-from kvstore.types import MAX_BATCH_KEYS, MoveTask, SegmentInfo, validate_key, validate_keys
+from kvstore.types import MAX_BATCH_KEYS, MoveTask, SegmentInfo, Tier, validate_key, validate_keys
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,12 @@ class MetaStore:
         self._clock = clock or SystemClock()
         self._journal: Journal = journal or NoJournal()
         self._st = MetaState(grant_ceiling)
-        self._policy = eviction.attach(policy or eviction.make_policy(config.eviction), self._st.index)
+        self._policies = tierpolicy.build(config, self._st.index, policy)
         self._st.tracking = self._journal.durable
         self._gate = WriteGate(config, self._clock, self._journal)
-        self._tiering = Tiering(config, self._st, self._policy, signer)
+        self._tiering = Tiering(config, self._st, self._policies, signer)
         self._forgets = forgets.SsdForgets(self._st, config.move_timeout_s)  # deletions SSD journals must hear of
-        self._writes = Writes(config, self._st, signer, self._policy, self._tiering)
+        self._writes = Writes(config, self._st, signer, self._policies.evicts(Tier.DRAM), self._tiering)
         self._reads = Reads(config, self._st, signer, self._tiering)
         self._lock = threading.RLock()
         self.regions = RegionCalls(Regions(config, self._st, signer), self._lock, self._gate, self._clock, self._sliced)
@@ -195,7 +195,7 @@ class MetaStore:
 
         def work(part: range, now: float) -> list[PutStartResult]:
             results = [self._writes.start(keys[i], sizes[i], replica_num, client_host, now) for i in part]
-            upkeep.evict_to_watermarks(self._st, self._tiering, self._policy, self.config, now)
+            upkeep.evict_to_watermarks(self._st, self._tiering, self._policies.evicts(Tier.DRAM), self.config, now)
             segments.update(self._st.segments.named_by(results))
             return results
 
@@ -354,7 +354,7 @@ class MetaStore:
             if self._gate.reconcile_due(mono):
                 upkeep.drop_unconfirmed(self._st, self.config, mono, self._forgets.unmount)
             if self._gate.is_open():
-                upkeep.evict_to_watermarks(self._st, self._tiering, self._policy, self.config, now)
+                upkeep.evict_to_watermarks(self._st, self._tiering, self._policies.evicts(Tier.DRAM), self.config, now)
             ticket = self._journaled()
         self._journal.wait(ticket)
 
@@ -386,7 +386,7 @@ class MetaStore:
         agree with the index, the moves in flight and the quarantine."""
         with self._lock:
             inspect.check_invariants(self._st, self._tiering, self.regions.regions.spans())
-            eviction.check(self._policy, self._st.index)
+            self._policies.check(self._st.index)
 
     def list_keys(self, prefix: str = "", limit: int = 0, cursor: str = "", hidden: str = "") -> KeyListing:
         """One page of the COMPLETE keys starting with `prefix` (none starting with `hidden`, if

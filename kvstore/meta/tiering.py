@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 from kvstore.config import MetaConfig
 from kvstore.grant import GrantSigner
 from kvstore.meta import quotas, replication
-from kvstore.meta.eviction import EvictionPolicy
 from kvstore.meta.index import Entry, SegmentRecency
 from kvstore.meta.segments import Segment, pack_location, unpack_location
 from kvstore.meta.state import MetaState
 from kvstore.meta.tenants import tenant_of
+from kvstore.meta.tierpolicy import TierPolicies
 from kvstore.results import MoveOutcome
 from kvstore.types import GrantMode, MoveKind, MoveTask, Tier
 
@@ -47,10 +47,10 @@ class _Move:
 
 
 class Tiering:
-    def __init__(self, config: MetaConfig, state: MetaState, policy: EvictionPolicy, signer: GrantSigner) -> None:
+    def __init__(self, config: MetaConfig, state: MetaState, policies: TierPolicies, signer: GrantSigner) -> None:
         self.config = config
         self._st = state
-        self._policy = policy
+        self._policies = policies
         self._signer = signer
         self._moves: dict[int, _Move] = {}
         self._ids = itertools.count(1)
@@ -158,17 +158,17 @@ class Tiering:
         if need <= 0:
             return []
         skip = quotas.sparing_reserves(self._st, self._st.protected(now), tier)
-        tasks = []
-        for key in self._policy.victims(SegmentRecency(self._st.index, local), skip, min(need, budget)):
+        tasks, below = [], _BELOW[tier]
+        for key in self._policies.evicts(tier).victims(SegmentRecency(self._st.index, local), skip, min(need, budget)):
             entry = self._st.index.get(key)
             src = self._local_replica(key, local)
             if entry is None or src is None:  # evicted meanwhile, to keep a tenant within its quota below
                 continue
-            below, owner = _BELOW[tier], tenant_of(key)
-            placed = None
+            owner, placed = tenant_of(key), None
+            admitted = self._policies.admits(below, key)  # else evicted, not written below (--admission)
             # a move counts against its tenant's quota below once it lands: count those on their way
-            if not quotas.make_room(
-                self._st, self._policy, owner, below, entry.size + self._moving_to(owner, below), now
+            if admitted and not quotas.make_room(
+                self._st, self._policies.evicts(below), owner, below, entry.size + self._moving_to(owner, below), now
             ):
                 # making room evicts the tenant's own blocks below: this one too, if it had a copy there
                 if self._st.index.get(key) is None:
@@ -182,8 +182,9 @@ class Tiering:
                     # DRAM is full but demotes to SSD: ask it for room (now, below) and wait for it
                     self._pressure[daemon_id] = self._pressure.get(daemon_id, 0) + entry.size
                     break
-            if placed is None:  # the tier below is full (of protected blocks) or its tenant's quota: this copy goes
+            if placed is None:  # the tier below is full (of protected blocks), its tenant's quota, or refused it
                 self._st.evict([key], now)
+                self._st.counters["demotions_refused"] += not admitted
                 continue
             tasks.append(self._start(MoveKind.DEMOTE, key, entry, src, placed, daemon_id, now))
         return tasks
@@ -237,7 +238,7 @@ class Tiering:
         # covers `size`, evicting more would free nothing sooner.
         while self._st.returning(local)[0] < size:
             skip = quotas.sparing_reserves(self._st, plain, Tier.SSD, owner)
-            victims = self._policy.victims(SegmentRecency(self._st.index, local), skip, size)
+            victims = self._policies.evicts(Tier.SSD).victims(SegmentRecency(self._st.index, local), skip, size)
             if not victims:
                 return None
             self._st.evict(victims, now)
@@ -362,7 +363,7 @@ class Tiering:
         protected = self._st.protected(now)
         plain = lambda key: protected(key) or not self._only_on(key, numbers)  # noqa: E731
         in_tier, skip = SegmentRecency(self._st.index, numbers), quotas.sparing_reserves(self._st, plain, tier)
-        self._st.evict(self._policy.victims(in_tier, skip, used - int(capacity * low)), now)
+        self._st.evict(self._policies.evicts(tier).victims(in_tier, skip, used - int(capacity * low)), now)
 
     # -- helpers -----------------------------------------------------------------------------------
 

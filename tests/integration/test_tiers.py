@@ -69,6 +69,23 @@ def test_full_ssd_deletes_only_least_recently_used(cluster, tmp_path):
             assert c.get(f"f/{i}") == block(2, i, MIB)
 
 
+def test_ssd_admitting_reused_blocks_only_drops_the_unread_ones(cluster, tmp_path):
+    address, _ = start(cluster, tmp_path, dram="16MiB", ssd="64MiB", env={"KVSTORE_META_ADMISSION": "ssd=reused"})
+    n = 40  # 40 MiB through 16 MiB of DRAM; every other block read right after its put
+    with KVClient(address, ClientConfig(timeout_s=60)) as c:
+        for i in range(n):
+            c.put(f"a/{i}", block(5, i, MIB))
+            if i % 2 == 0:
+                assert c.get(f"a/{i}") == block(5, i, MIB)
+        wait_until(lambda: settled(c), what="DRAM below its high watermark")
+        alive = c.exists_many([f"a/{i}" for i in range(n)])
+        gone = [i for i in range(n) if not alive[i]]
+        assert gone and all(i % 2 for i in gone)  # only blocks never read left the store
+        assert c.stats().evictions == len(gone) and tier_stats(c)["ssd"].demotions > 0
+        for i in range(0, n, 2):
+            assert c.get(f"a/{i}") == block(5, i, MIB)  # demoted to SSD, not lost
+
+
 def test_readers_during_demotion_see_no_wrong_byte_or_miss(cluster, tmp_path):
     address, _ = start(cluster, tmp_path)
     hot = [f"hot/{i}" for i in range(8)]
