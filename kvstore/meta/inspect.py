@@ -73,6 +73,7 @@ def check_invariants(st: MetaState, tiering: Tiering, reserved: Iterable[tuple[i
             number, offset = unpack_location(loc)
             if number in by_segment:
                 by_segment[number].append((offset, size))
+    st.quarantine.check_invariants()
     held = [(loc, h.size) for h in st.quarantine for loc in h.locations]
     for loc, size in [*tiering.destinations(), *held, *reserved]:
         by_segment[unpack_location(loc)[0]].append((unpack_location(loc)[1], size))

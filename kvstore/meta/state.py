@@ -78,7 +78,7 @@ class MetaState:
     def returning(self, numbers: set[int]) -> tuple[int, float]:
         """(bytes, when the first comes due) of quarantined space in the segments numbered
         `numbers`: freed, not yet reusable, and on its way back without any further eviction."""
-        return self.quarantine.returning(lambda loc: unpack_location(loc)[0] in numbers)
+        return self.quarantine.returning(numbers)
 
     def ssd_daemons(self) -> frozenset[str]:
         """Daemons with an SSD tier: their DRAM blocks are demoted, never dropped, to make room."""
