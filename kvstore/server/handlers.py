@@ -160,6 +160,8 @@ class MetaHandlers:
     def _keys(self, keys: Sequence[str], who: Principal) -> CheckedKeys:
         """A caller's keys, checked (no NUL: none can name another namespace; all of this
         shard), in its namespace."""
+        if not keys:  # a Get's touched keys, most often
+            return CheckedKeys([])
         plain = list(keys)
         validate_keys(plain)
         if self.shard.count > 1:
@@ -244,7 +246,7 @@ class MetaHandlers:
             self._keys(req.keys, who), req.released, self._host(req.client_host, who),
             self._holder(req.client_id, who), req.failed_segments, self._keys(req.touched, who),
         )  # fmt: skip
-        return replace(reply, packed=True) if req.packed else reply
+        return GetReply(reply.results, reply.segments, reply.lease_ms, True) if req.packed else reply
 
     def release(self, req: calls.Release, who: Principal) -> None:
         self._reads.release(req.released, self._holder(req.client_id, who))
