@@ -186,8 +186,8 @@ def test_cached_location_of_a_block_moved_to_ssd(cluster, transport, tmp_path, c
         writer.put("a", block(1))
         assert reader.get("a") == block(1)  # cached while (perhaps) still in DRAM
         reader.get_many([])
-        wait_until(
-            lambda: next(t.used for t in writer.stats().tiers if t.tier.value == "dram") == 0,
+        wait_until(  # blocks, not bytes: a shm writer's region keeps its DRAM reserved until it lapses
+            lambda: next(t.blocks for t in writer.stats().tiers if t.tier.value == "dram") == 0,
             what="the block to be demoted to SSD",
         )
         writer.put("b", block(2))  # may land where a was in DRAM

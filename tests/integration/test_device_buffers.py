@@ -67,9 +67,9 @@ def client(request, address, device):
 @pytest.fixture
 def settle(tier):
     def wait(client: KVClient) -> None:
-        if tier == "ssd":
+        if tier == "ssd":  # blocks, not bytes: a shm writer's region keeps its DRAM reserved until it lapses
             wait_until(
-                lambda: next(t.used for t in client.stats().tiers if t.tier.value == "dram") == 0,
+                lambda: next(t.blocks for t in client.stats().tiers if t.tier.value == "dram") == 0,
                 what="every block to be demoted to SSD",
             )
 
