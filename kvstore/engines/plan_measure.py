@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -292,7 +293,7 @@ def run(args: argparse.Namespace, shape: ModelShape) -> int:
     try:
         plan = size_fleet(workload, slo, cost, max(batches), args.decode_utilization, source)
     except PlanError as exc:
-        print(f"no fleet meets these SLOs: {exc}")
+        print(f"kvstore plan: no fleet meets these SLOs: {exc}", file=sys.stderr)
         return 1
     w = workload
     print(

@@ -128,3 +128,14 @@ def test_plan_measure_on_a_running_instance(capsys):
         assert plan.run(args) == 0
     out = capsys.readouterr().out
     assert f"measured on {engine}" in out and "B=3" in out and "decode instances" in out
+
+
+def test_slos_no_fleet_meets_exit_1_with_the_reason_on_stderr(capsys):
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    argv = ["--model", "reference", "--measure", "--input-tokens", "32", "--output-tokens", "4", "--batches", "1"]
+    args = parser.parse_args([*argv, "--slo-tpot", "1e-9", "--no-check"])  # no decode step is that fast
+    assert plan.run(args) == 1
+    out = capsys.readouterr()
+    assert "measured on the reference engine" in out.out and "no fleet meets" not in out.out
+    assert out.err.startswith("kvstore plan: no fleet meets these SLOs: one stream's decode step takes"), out.err
