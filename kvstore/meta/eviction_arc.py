@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from kvstore.meta.index import Entry, Scope
+from kvstore.meta.entry import Entry
+from kvstore.meta.index import Scope
 
 SCOPE_SKIPS = 256  # keys outside the scope one victims() call passes before it walks the scope's LRU
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kvstore.errors import ErrorCode
-from kvstore.meta.index import Entry
+from kvstore.meta.entry import Entry
 from kvstore.meta.segments import Segment, pack_location, unpack_location
 from kvstore.meta.state import MetaState
 from kvstore.results import Block, KeyResult, MoveOutcome

@@ -9,9 +9,10 @@ moves a key to the end, so LRU eviction walks from the front without a separate 
 also carries its recency as a stamp, rising with every commit and touch, by which the orders per
 segment (orders.SegmentOrders) are kept: eviction that frees some segments walks only their keys.
 
-Memory: at millions of blocks each COMPLETE entry must stay near 300 bytes including its key, so an
-entry is a four-slot object and a replica location is one packed int (see segments.py). The
-orders kept beside (orders.py) cost about 70 bytes a key: the stamp, and a place per segment.
+Memory: at millions of blocks each COMPLETE entry must stay under 300 bytes including its key, so an
+entry is stored as one int (entry.py), which the garbage collector never walks, and a replica
+location is one packed int (see segments.py). The orders kept beside (orders.py) cost about 50
+bytes a key: a place in the byte order and in its segment's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from itertools import pairwise
 from typing import Protocol
 
 from kvstore.errors import AlreadyExists, KeyBusy, KeyNotFound
+from kvstore.meta import entry as packing
+from kvstore.meta.entry import Entry as Entry  # the index's record type, re-exported
 from kvstore.meta.orders import KeyOrders, SegmentOrders
 from kvstore.meta.segments import OFFSET_BITS
 from kvstore.meta.tenants import DEFAULT_ID, tenant_of
@@ -52,28 +55,6 @@ class ObjectState(Enum):
     COMPLETE = "complete"
 
 
-class Entry:
-    """A COMPLETE object. `locations` is one packed location, or a tuple of them for replicas;
-    `stamp` its recency (greater: used more recently)."""
-
-    __slots__ = ("checksum", "locations", "size", "stamp")
-
-    def __init__(self, locations: int | tuple[int, ...], size: int, checksum: int, stamp: int) -> None:
-        self.locations = locations
-        self.size = size
-        self.checksum = checksum
-        self.stamp = stamp
-
-    def replicas(self) -> tuple[int, ...]:
-        loc = self.locations
-        return (loc,) if isinstance(loc, int) else loc
-
-    def segments(self) -> set[int]:
-        """The numbers of the segments its replicas are in."""
-        loc = self.locations
-        return {loc >> OFFSET_BITS} if isinstance(loc, int) else {x >> OFFSET_BITS for x in loc}
-
-
 def _pack(locations: tuple[int, ...]) -> int | tuple[int, ...]:
     return locations[0] if len(locations) == 1 else locations
 
@@ -90,7 +71,7 @@ class PendingPut:
 
 class ObjectIndex:
     def __init__(self) -> None:
-        self._complete: dict[str, Entry] = {}
+        self._complete: dict[str, int] = {}  # key -> its Entry as one int (entry.py)
         self._pending: dict[str, PendingPut] = {}
         self._sizes: dict[int, int] = {}
         # Per tenant other than the default (whose keys carry no namespace): COMPLETE keys, and
@@ -98,7 +79,7 @@ class ObjectIndex:
         self.tenant_keys: Counter[int] = Counter()
         self.tenant_pending: Counter[int] = Counter()
         self.orders = KeyOrders()  # per tenant recency, byte order
-        self.by_segment = SegmentOrders(lambda key: self._complete[key].stamp)
+        self.by_segment = SegmentOrders(lambda key: packing.stamp_of(self._complete[key]))
         self._stamp = 0  # the last one given
         self.on_lost: LostReplicas | None = None  # forgets.py: SSD journals hear of what is gone
         self.watcher: Watcher | None = None  # the eviction policy, if it keeps its own order
@@ -118,7 +99,8 @@ class ObjectIndex:
         return ObjectState.ABSENT
 
     def get(self, key: str) -> Entry | None:
-        return self._complete.get(key)
+        packed = self._complete.get(key)
+        return None if packed is None else packing.decode(packed)
 
     def get_pending(self, key: str) -> PendingPut | None:
         return self._pending.get(key)
@@ -140,20 +122,26 @@ class ObjectIndex:
 
     def commit(self, key: str, checksum: int) -> Entry:
         """PENDING -> COMPLETE, as the most recently used object."""
-        put = self._pending.pop(key, None)
+        put = self._pending.get(key)
         if put is None:
             raise KeyNotFound(key)
+        packed = packing.encode(_pack(put.locations), put.size, checksum, self._stamp + 1)  # before any change
+        del self._pending[key]
         self.tenant_pending[tenant_of(key)] -= put.size * len(put.locations)
-        return self._added(key, Entry(_pack(put.locations), put.size, checksum, self._next_stamp()))
+        return self._added(key, packed)
 
     def insert_complete(self, key: str, locations: tuple[int, ...], size: int, checksum: int) -> Entry:
         """ABSENT -> COMPLETE directly: a block a restarted daemon found intact on disk."""
         if key in self._complete or key in self._pending:
             raise AlreadyExists(key)
-        return self._added(key, Entry(_pack(locations), size, checksum, self._next_stamp()))
+        return self._added(key, packing.encode(_pack(locations), size, checksum, self._stamp + 1))
 
-    def _added(self, key: str, entry: Entry) -> Entry:
-        self._complete[key] = entry
+    def _added(self, key: str, packed: int) -> Entry:
+        """`packed`: the object's record, stamped with the next stamp (encoded by the caller, so a
+        field too wide is refused before anything changes)."""
+        self._stamp += 1
+        self._complete[key] = packed
+        entry = packing.decode(packed)
         self.orders.added(key)
         self.by_segment.add(key, entry.segments(), newest=True)
         if key[:1] == "\0":
@@ -176,7 +164,7 @@ class ObjectIndex:
 
     def remove(self, key: str) -> Entry:
         """COMPLETE -> ABSENT; the caller frees the space."""
-        entry = self._complete.get(key)
+        entry = self.get(key)
         if entry is None:
             raise KeyNotFound(key)
         self.by_segment.discard(key, entry.segments())  # while its stamp is still to be found
@@ -192,25 +180,37 @@ class ObjectIndex:
 
     def touch(self, key: str) -> None:
         """Mark a COMPLETE key most recently used."""
-        entry = self._complete.pop(key, None)
-        if entry is not None:
-            self._complete[key] = entry
-            self.orders.touched(key)
-            numbers = entry.segments()
+        complete = self._complete
+        packed = complete.get(key)
+        if packed is None:
+            return
+        self.orders.touched(key)
+        # Out of its segments' orders while the index still holds its old stamp (they find a key by
+        # its stamp), then back in as the newest; del + insert moves it to the end of the recency.
+        loc = packing.single_location(packed)
+        if loc is not None:  # one replica, as most blocks have: no set of segment numbers
+            recent = self.by_segment.taken_out(key, loc >> OFFSET_BITS)
+            del complete[key]
+            complete[key] = packing.restamped(packed, self._next_stamp())
+            recent[key] = None
+        else:
+            numbers = packing.decode(packed).segments()
             self.by_segment.discard(key, numbers)
-            entry.stamp = self._next_stamp()
+            del complete[key]
+            complete[key] = packing.restamped(packed, self._next_stamp())
             self.by_segment.add(key, numbers, newest=True)
-            if self.watcher is not None:
-                self.watcher.used(key)
+        if self.watcher is not None:
+            self.watcher.used(key)
 
     def set_replicas(self, key: str, locations: tuple[int, ...]) -> None:
         """Replace where a key lives (a replica was lost, or the block moved); keeps recency."""
         if key in self._complete:
-            entry = self._complete[key]
+            entry = packing.decode(self._complete[key])
             if self.on_lost is not None and (lost := tuple(x for x in entry.replicas() if x not in locations)):
                 self.on_lost(key, lost, entry)
             was = entry.segments()
-            entry.locations = _pack(locations)
+            self._complete[key] = packing.encode(_pack(locations), entry.size, entry.checksum, entry.stamp)
+            entry = packing.decode(self._complete[key])
             now = entry.segments()
             self.by_segment.discard(key, was - now)
             self.by_segment.add(key, now - was)
@@ -223,21 +223,21 @@ class ObjectIndex:
 
     def least_recent(self) -> Iterator[tuple[str, Entry]]:
         """COMPLETE objects, least recently used first. Do not mutate while iterating."""
-        return iter(self._complete.items())
+        return ((k, packing.decode(t)) for k, t in self._complete.items())
 
     def least_recent_of(self, tenant: int) -> Iterator[tuple[str, Entry]]:
         """A tenant's COMPLETE objects, least recently used first (the default tenant's, which carry
         no namespace, by a walk of every key). Do not mutate while iterating."""
         if tenant == DEFAULT_ID:
-            return ((k, e) for k, e in self._complete.items() if k[:1] != "\0")
+            return ((k, packing.decode(t)) for k, t in self._complete.items() if k[:1] != "\0")
         complete = self._complete
-        return ((k, complete[k]) for k in self.orders.of_tenant(tenant))
+        return ((k, packing.decode(complete[k])) for k in self.orders.of_tenant(tenant))
 
     def least_recent_in(self, numbers: Iterable[int]) -> Iterator[tuple[str, Entry]]:
         """The COMPLETE objects with a replica in any of the segments `numbers`, least recently used
         first, in O(segments + objects walked). Do not mutate while iterating."""
         complete = self._complete
-        return ((k, complete[k]) for k in self.by_segment.least_recent(numbers))
+        return ((k, packing.decode(complete[k])) for k in self.by_segment.least_recent(numbers))
 
     def pending_items(self) -> Iterator[tuple[str, PendingPut]]:
         return iter(self._pending.items())
@@ -247,7 +247,8 @@ class ObjectIndex:
 
     def all_locations(self) -> Iterator[tuple[str, tuple[int, ...], int]]:
         """(key, locations, size) for every object that holds space, PENDING or COMPLETE."""
-        for key, entry in self._complete.items():
+        for key, packed in self._complete.items():
+            entry = packing.decode(packed)
             yield key, entry.replicas(), entry.size
         for key, put in self._pending.items():
             yield key, put.locations, put.size
@@ -255,9 +256,10 @@ class ObjectIndex:
     def check_invariants(self) -> None:
         assert not (self._complete.keys() & self._pending.keys()), "a key is both PENDING and COMPLETE"
         self.orders.check(self._complete)
-        stamps = [e.stamp for e in self._complete.values()]
+        stamps = [packing.stamp_of(p) for p in self._complete.values()]
         assert all(a < b for a, b in pairwise(stamps)), "the recency stamps do not rise with recency"
-        self.by_segment.check(self._complete, lambda key: self._complete[key].segments())
+        self.by_segment.check(self._complete, lambda key: packing.decode(self._complete[key]).segments())
+        assert all(type(p) is int for p in self._complete.values()), "an entry stored as other than an int"
         for key, locations, size in self.all_locations():
             assert size > 0 and locations, f"{key}: size {size}, locations {locations}"
             assert len(set(locations)) == len(locations), f"{key}: duplicate replica"

@@ -114,6 +114,14 @@ class SegmentOrders:
             if not seg:
                 del self._by_segment[number]
 
+    def taken_out(self, key: str, number: int) -> dict[str, None]:
+        """Take `key` out of segment `number`'s order, to be restamped as the newest and put back
+        into the dict this returns (its newest end): ObjectIndex.touch of a key with one replica,
+        without discard()'s and add()'s sets and loops."""
+        seg = self._by_segment[number]
+        seg.discard(key)
+        return seg.recent
+
     def least_recent(self, numbers: Iterable[int]) -> Iterator[str]:
         """The keys with a replica in any of the segments `numbers`, each once, least recently used
         first. Costs O(segments) to start and O(log segments) a key. Do not mutate while iterating."""

@@ -14,11 +14,14 @@ from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode
 from kvstore.grant import LOCAL, GrantSigner
 from kvstore.meta.index import ObjectState
-from kvstore.meta.segments import unpack_location
+from kvstore.meta.segments import OFFSET_BITS, unpack_location
 from kvstore.meta.state import MetaState
 from kvstore.meta.tiering import Tiering
 from kvstore.results import OK, GetResult, KeyResult
 from kvstore.types import Grant, GrantMode, Tier
+
+_OFFSET_MASK = (1 << OFFSET_BITS) - 1
+_OK_CODE = ErrorCode.OK
 
 
 class Reads:
@@ -29,40 +32,56 @@ class Reads:
         self._tiering = tiering
 
     def get(self, key: str, until: float, client_host: str, holder: str, now: float) -> GetResult:
-        entry = self._st.index.get(key)
+        """`until`: the lease's and the grants' expiry, no later than the state's grant ceiling
+        (the caller caps it once per slice of keys)."""
+        st = self._st
+        entry = st.index.get(key)
         if entry is None:
             return self._miss(key)
-        st = self._st
         st.index.touch(key)
-        until = min(until, st.grant_ceiling())  # no grant outlives what a successor waits out
         lease_id = st.leases.hold(key, until, holder)
         until_ms = int(until * 1000)
+        loc = entry.locations
+        if type(loc) is int:  # one replica, as most blocks have
+            seg = st.segment_of(loc)
+            if seg.confirmed:
+                flags = LOCAL if seg.local_to(client_host) else 0
+                offset = loc & _OFFSET_MASK
+                grant = self._signer.sign(seg.segment_id, offset, entry.size, GrantMode.READ, until_ms, flags)
+                if not flags:
+                    st.note_grant(key, until)
+                self._read_from(key, [seg.info.tier])
+                return GetResult(_OK_CODE, "", entry.size, entry.checksum, (grant,), lease_id)
+            return self._unconfirmed(key, lease_id, holder)
         grants: list[tuple[bool, Grant]] = []
         tiers: list[Tier] = []
         checked = False
-        for loc in entry.replicas():
-            seg = st.segment_of(loc)
+        for replica in entry.replicas():
+            seg = st.segment_of(replica)
             if not seg.confirmed:  # loaded after a takeover, or set aside: its daemon has not vouched for it since
                 continue
             tiers.append(seg.info.tier)
             flags = LOCAL if seg.local_to(client_host) else 0
             checked = checked or not flags
-            grant = self._signer.sign(
-                seg.segment_id, unpack_location(loc)[1], entry.size, GrantMode.READ, until_ms, flags
-            )
+            offset = replica & _OFFSET_MASK
+            grant = self._signer.sign(seg.segment_id, offset, entry.size, GrantMode.READ, until_ms, flags)
             grants.append((st.segments.is_suspect(seg.daemon_id, now), grant))
         if not grants:
-            st.leases.end(lease_id, holder)
-            return GetResult(
-                ErrorCode.UNAVAILABLE,
-                f"{key!r}: no replica's daemon has mounted it again since this service took over or stopped "
-                "hearing from it; retry shortly",
-            )
+            return self._unconfirmed(key, lease_id, holder)
         if checked:
             st.note_grant(key, until)
         self._read_from(key, tiers)
         ordered = tuple(g for _, g in sorted(grants, key=lambda sg: sg[0])) if len(grants) > 1 else (grants[0][1],)
         return GetResult(size=entry.size, checksum=entry.checksum, grants=ordered, lease_id=lease_id)
+
+    def _unconfirmed(self, key: str, lease_id: int, holder: str) -> GetResult:
+        """No replica of `key` is in a segment its daemon has vouched for: no grant, no lease."""
+        self._st.leases.end(lease_id, holder)
+        return GetResult(
+            ErrorCode.UNAVAILABLE,
+            f"{key!r}: no replica's daemon has mounted it again since this service took over or stopped "
+            "hearing from it; retry shortly",
+        )
 
     def leased_in(self, holder: str, segment_ids: Sequence[str], now: float) -> list[str]:
         """Those of `segment_ids` that hold a replica of a key `holder` has a read lease on: a

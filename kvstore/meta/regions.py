@@ -29,6 +29,7 @@ from kvstore.clock import Clock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.grant import LOCAL, GrantSigner
+from kvstore.meta import entry
 from kvstore.meta.gate import WriteGate
 from kvstore.meta.index import ObjectState
 from kvstore.meta.segments import Segment, pack_location
@@ -230,6 +231,7 @@ class RegionCalls:
         validate_keys(keys, internal=True)
         if not len(keys) == len(offsets) == len(sizes) == len(checksums):
             raise InvalidArgument(f"{len(keys)} keys need as many offsets, sizes and checksums")
+        entry.check_checksums(checksums)
         self._gate.check()
         with self._lock:
             self.regions.release(client_id, list(released))

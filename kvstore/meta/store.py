@@ -16,7 +16,7 @@ from kvstore.clock import Clock, SystemClock
 from kvstore.config import MetaConfig
 from kvstore.errors import InvalidArgument
 from kvstore.grant import GrantSigner
-from kvstore.meta import eviction, forgets, inspect, listing, pins, recovery, tierpolicy, upkeep
+from kvstore.meta import entry, eviction, forgets, inspect, listing, pins, recovery, tierpolicy, upkeep
 from kvstore.meta.gate import WriteGate
 from kvstore.meta.holds import HoldRecord
 from kvstore.meta.journal import Journal, NoJournal
@@ -215,6 +215,7 @@ class MetaStore:
         validate_keys(keys, internal=True)
         if len(checksums) != len(keys) or (written and len(written) != len(keys)):
             raise InvalidArgument(f"{len(keys)} keys but {len(checksums)} checksums and {len(written)} reports")
+        entry.check_checksums(checksums)
         self._gate.check()
         if failed_segments:
             with self._lock:
@@ -257,7 +258,7 @@ class MetaStore:
         segments: dict[str, SegmentInfo] = {}
 
         def work(part: range, now: float) -> list[GetResult]:
-            until = now + self.config.lease_ttl_s
+            until = min(now + self.config.lease_ttl_s, self._st.grant_ceiling())  # what a successor waits out
             results = [self._reads.get(keys[i], until, client_host, client_id, now) for i in part]
             segments.update(self._st.segments.named_by(results))
             return results
@@ -273,8 +274,7 @@ class MetaStore:
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is COMPLETE. Takes no lease: polling must not block eviction."""
         validate_keys(keys, internal=True)
-        is_complete = self._st.index.is_complete
-        return self._sliced(len(keys), lambda part, now: [is_complete(keys[i]) for i in part])
+        return self._sliced(len(keys), lambda part, now: [self._st.index.is_complete(keys[i]) for i in part])
 
     def match_prefix(self, keys: Sequence[str]) -> int:
         """How many leading keys are COMPLETE. Takes no lease."""

@@ -315,11 +315,11 @@ class Tiering:
         key = move.task.key
         entry = self._st.index.get(key)
         assert entry is not None
-        self._st.index.set_replicas(key, (*entry.replicas(), move.dst))
+        self._st.index.set_replicas(key, replicas := (*entry.replicas(), move.dst))
         self._st.held(key, (move.dst,), +1, entry.size)
         self._st.moving.pop(key, None)
         self._st.counters["replicas_copied"] += 1
-        if len(entry.replicas()) >= self._st.under_replicated.get(key, 0):
+        if len(replicas) >= self._st.under_replicated.get(key, 0):
             self._st.under_replicated.pop(key, None)
 
     def _switch(self, move: _Move, now: float) -> None:
