@@ -1,17 +1,20 @@
 """A COMPLETE object's record in the index (`Entry`), and how the index stores it: one int.
 
 At millions of blocks the index's per-block memory, and the garbage collector's walk over it, are
-what the metadata service pays for holding a block. An object per block with an int per field cost
-~230 bytes beside the key, and the collector tracked every such object: a full collection held the
-GIL ~90 ms at 300,000 blocks and ~330 ms at 1,000,000. So the index keeps each record as a single
-int of fixed fields (bit 0 up):
+what the metadata service pays for holding a block. As an object per block with an int per field,
+a block cost 339-351 bytes with its key (`python -m kvstore.bench.metamem`, 300,000 and 1,000,000
+blocks), and the collector tracked every such object: a full collection held the GIL 84-103 ms at
+300,000 blocks and 260 ms at 1,000,000. So the index keeps each record as a single int of fixed
+fields (bit 0 up):
 
     checksum (64) | size (48) | stamp (64) | replica count (8) | locations (64 each)
 
 An int is not a container, so the collector never tracks one, and a dict that holds only str keys
 and int values is never tracked either: full collections do not visit the index at all. A packed
-record is one ~64-byte int where the fields were an object and three ints. The index hands out
-`Entry` views, decoded on each read (~1 us): a view keeps the values it was read with.
+record is one 64-byte int where the fields were an object and three ints (231-240 bytes a block
+now; a full collection 18 ms at 300,000 blocks, 40 ms at 1,000,000, mostly the byte order's lists).
+The index hands out `Entry` views, decoded on each read (~0.6 us): a view keeps the values it was
+read with.
 """
 
 from __future__ import annotations

@@ -206,12 +206,12 @@ class ObjectIndex:
         """Replace where a key lives (a replica was lost, or the block moved); keeps recency."""
         if key in self._complete:
             entry = packing.decode(self._complete[key])
+            packed = packing.encode(_pack(locations), entry.size, entry.checksum, entry.stamp)  # before any change
             if self.on_lost is not None and (lost := tuple(x for x in entry.replicas() if x not in locations)):
                 self.on_lost(key, lost, entry)
             was = entry.segments()
-            self._complete[key] = packing.encode(_pack(locations), entry.size, entry.checksum, entry.stamp)
-            entry = packing.decode(self._complete[key])
-            now = entry.segments()
+            self._complete[key] = packed
+            now = packing.decode(packed).segments()
             self.by_segment.discard(key, was - now)
             self.by_segment.add(key, now - was)
         elif key in self._pending:
