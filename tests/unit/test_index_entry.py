@@ -13,13 +13,19 @@ from kvstore.clock import FakeClock
 from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.meta import entry as packing
-from kvstore.meta.index import ObjectIndex
+from kvstore.meta.index import Entry, ObjectIndex
 from kvstore.meta.segments import pack_location
 from kvstore.meta.store import MetaStore
 from kvstore.types import Tier
 from tests.meta_helpers import SIGNER, commit, segment
 
 M64 = (1 << 64) - 1
+
+
+def stored(index: ObjectIndex, key: str) -> Entry:
+    entry = index.get(key)
+    assert entry is not None, f"{key!r} is not COMPLETE"
+    return entry
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -94,8 +100,8 @@ def test_the_collector_never_walks_the_index():
     assert not gc.is_tracked(index._complete)  # a dict of str keys and int values
     # 5,000 objects held: a few containers more for the collector (orders' lists), not one per key.
     assert len(gc.get_objects()) - tracked < 100
-    assert index.get("replicated").replicas() == (pack_location(1, 1 << 30), pack_location(2, 1 << 30))
-    assert index.get("k1").replicas() == (pack_location(1, 1 << 31), pack_location(3, 1 << 31))
+    assert stored(index, "replicated").replicas() == (pack_location(1, 1 << 30), pack_location(2, 1 << 30))
+    assert stored(index, "k1").replicas() == (pack_location(1, 1 << 31), pack_location(3, 1 << 31))
     index.check_invariants()
 
 
@@ -103,10 +109,10 @@ def test_an_entry_read_keeps_its_values_when_the_key_is_touched_or_moved():
     index = ObjectIndex()
     index.insert_complete("a", (pack_location(0, 0),), 4096, 11)
     index.insert_complete("b", (pack_location(0, 4096),), 4096, 12)
-    before = index.get("a")
+    before = stored(index, "a")
     index.touch("a")
     index.set_replicas("a", (pack_location(1, 0),))
-    after = index.get("a")
+    after = stored(index, "a")
     assert before.stamp < after.stamp and before.locations == pack_location(0, 0)
     assert after.locations == pack_location(1, 0) and after.checksum == 11 and after.size == 4096
     assert [k for k, _ in index.least_recent()] == ["b", "a"]
