@@ -11,6 +11,7 @@ import struct
 from typing import NamedTuple
 
 from kvstore.errors import InvalidArgument
+from kvstore.meta.entry import MAX_REPLICAS, MAX_SIZE
 from kvstore.types import SegmentInfo
 from kvstore.v1 import meta_pb2 as pb
 from kvstore.wire import convert
@@ -51,6 +52,8 @@ def decode_object(data: bytes) -> ObjectRecord:
         raise InvalidArgument(f"an object record of {len(data)} bytes is not of this schema")
     size, checksum, wanted = _OBJECT.unpack_from(data)
     locations = tuple(loc for (loc,) in _LOCATION.iter_unpack(data[_OBJECT.size :]))
+    if not 0 < size <= MAX_SIZE or len(locations) > MAX_REPLICAS:  # what no index entry can hold
+        raise InvalidArgument(f"an object record of {size} bytes in {len(locations)} places is not a block")
     return ObjectRecord(size, checksum, wanted, locations)
 
 

@@ -188,8 +188,8 @@ class MetaStore:
             raise InvalidArgument(f"{len(keys)} keys but {len(sizes)} sizes")
         if any(s <= 0 for s in sizes):
             raise InvalidArgument("every value must be at least 1 byte")
-        if replica_num < 1:
-            raise InvalidArgument("replica_num must be at least 1")
+        if not 1 <= replica_num <= entry.MAX_REPLICAS:
+            raise InvalidArgument(f"replica_num must be 1 to {entry.MAX_REPLICAS}")
         self._gate.check()
         segments: dict[str, SegmentInfo] = {}
 

@@ -23,6 +23,7 @@ from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.grant import LOCAL, GrantSigner
 from kvstore.meta import quotas
+from kvstore.meta.entry import MAX_CHECKSUM
 from kvstore.meta.eviction import EvictionPolicy
 from kvstore.meta.index import ObjectState, PendingPut
 from kvstore.meta.room import Room, make_room
@@ -189,6 +190,8 @@ class Writes:
         for block in blocks:
             if self._st.index.state(block.key) is not ObjectState.ABSENT:
                 results.append(KeyResult(ErrorCode.ALREADY_EXISTS, f"{block.key!r} is already stored"))
+            elif not 0 <= block.checksum <= MAX_CHECKSUM:  # checked before its range is taken
+                results.append(KeyResult(ErrorCode.INVALID_ARGUMENT, f"{block.key!r}: checksum out of 64 bits"))
             elif block.size <= 0 or not seg.allocator.reserve(block.offset, block.size):
                 results.append(
                     KeyResult(

@@ -14,8 +14,10 @@ from kvstore.config import MetaConfig
 from kvstore.errors import ErrorCode, InvalidArgument
 from kvstore.meta import entry as packing
 from kvstore.meta.index import Entry, ObjectIndex
+from kvstore.meta.records import ObjectRecord, decode_object, encode_object
 from kvstore.meta.segments import pack_location
 from kvstore.meta.store import MetaStore
+from kvstore.results import Block
 from kvstore.types import Tier
 from tests.meta_helpers import SIGNER, commit, segment
 
@@ -117,3 +119,21 @@ def test_an_entry_read_keeps_its_values_when_the_key_is_touched_or_moved():
     assert after.locations == pack_location(1, 0) and after.checksum == 11 and after.size == 4096
     assert [k for k, _ in index.least_recent()] == ["b", "a"]
     index.check_invariants()
+
+
+def test_what_no_entry_can_hold_is_refused_where_it_enters():
+    store = MetaStore(MetaConfig(), SIGNER, FakeClock())
+    store.mount_segment(segment("ssd", "d1", Tier.SSD, 1 << 20))
+    store.mount_segment(segment("dram", "d1", Tier.DRAM, 1 << 20))
+    # a block a daemon announces: refused before its range is taken, which stays free for the next
+    bad, good = Block("a", 0, 4096, 1 << 64), Block("b", 0, 4096, 5)
+    assert [r.code for r in store.announce("ssd", [bad, good])] == [ErrorCode.INVALID_ARGUMENT, ErrorCode.OK]
+    with pytest.raises(InvalidArgument, match="replica_num"):
+        store.put_start(["c"], [4096], replica_num=packing.MAX_REPLICAS + 1)
+    store.check_invariants()
+    # a journal record (Redis) no entry can hold loads as unreadable, to be skipped and counted
+    for size, places in ((0, 1), (1 << 48, 1), (4096, packing.MAX_REPLICAS + 1)):
+        data = encode_object(ObjectRecord(size, 7, 1, tuple(range(places))))
+        with pytest.raises(InvalidArgument):
+            decode_object(data)
+    assert decode_object(encode_object(ObjectRecord(4096, 7, 1, (3,)))) == ObjectRecord(4096, 7, 1, (3,))
