@@ -79,12 +79,16 @@ class _Opened:
     def move(self, offset: int, buffer: memoryview, mode: GrantMode) -> int:
         """Copy between the segment and `buffer`; returns the checksum of the bytes moved."""
         if self.view is not None:
+            prepare = None
             if len(buffer) >= POPULATE_MIN and self.populate:
-                self._populate(offset, len(buffer), mode)
+                # Run before each piece's copy: for a large copy, on the helper thread, ahead of it.
+                def prepare(start: int, length: int) -> None:
+                    self._populate(offset + start, length, mode)
+
             remote = self.view[offset : offset + len(buffer)]
             if mode is GrantMode.WRITE:
-                return copy_with_checksum(remote, buffer)
-            return copy_with_checksum(buffer, remote)
+                return copy_with_checksum(remote, buffer, prepare)
+            return copy_with_checksum(buffer, remote, prepare)
         h = hasher()
         for start in range(0, len(buffer), PIECE):  # hash each piece while it is in cache
             piece = buffer[start : start + PIECE]

@@ -3,11 +3,13 @@ every transfer of a range already mapped."""
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 
 import pytest
 
+from kvstore.checksum import PIECE, PIPELINE_MIN, PIPELINED
 from kvstore.transport.shm import MADV_POPULATE, POPULATE_MIN, _Opened
 from kvstore.types import GrantMode
 
@@ -78,3 +80,18 @@ def test_small_transfers_do_not_populate(opened):
     entry, recording = opened
     entry.move(0, memoryview(bytearray(POPULATE_MIN - 1)), GrantMode.READ)
     assert recording.calls == []
+
+
+@pytest.mark.skipif(not PIPELINED, reason="one core: large copies stay on one thread")
+def test_a_large_transfer_populates_piece_by_piece_ahead_of_the_copy(opened):
+    entry, recording = opened
+    data = os.urandom(PIPELINE_MIN + PIECE + 4096)  # pipelined: pieces mapped on the helper thread
+    entry.move(4096, memoryview(data), GrantMode.WRITE)
+    covered = [(start, start + length) for _, start, length in recording.calls]
+    assert covered[0][0] == 4096 and covered[-1][1] == 4096 + len(data)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))  # in order, no gap
+    assert {c[0] for c in recording.calls} == {MADV_POPULATE[GrantMode.WRITE]}
+    calls = len(recording.calls)
+    out = bytearray(len(data))
+    entry.move(4096, memoryview(out), GrantMode.READ)
+    assert out == data and len(recording.calls) == calls  # mapped already
