@@ -29,6 +29,7 @@ class DramSegment(SegmentStorage):
             # pay for zero-filling fresh tmpfs pages, and a full /dev/shm fails here, not mid-put.
             os.posix_fallocate(fd, 0, capacity)
             self._mmap = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            _map_pages(self._mmap)
         except BaseException:
             os.close(fd)
             self.path.unlink(missing_ok=True)
@@ -55,3 +56,20 @@ class DramSegment(SegmentStorage):
             pass
         if remove:
             self.path.unlink(missing_ok=True)
+
+
+# MADV_POPULATE_WRITE (Linux 5.14): map every page of the segment into the daemon now.
+_MADV_POPULATE_WRITE = 23
+_POPULATE_STEP = 32 << 20  # per call: the GIL is held through it
+
+
+def _map_pages(mm: mmap.mmap) -> None:
+    """Map the segment's pages into this process once, at creation (~0.3 s per GiB here, besides
+    fallocate's 0.1), so that no transfer the daemon serves (tcp, ucx, mooncake: a copy into or
+    out of this mapping) takes a page fault per 4 KiB on space it has not touched before: those
+    cost ~0.37 ms per MiB here. Older kernels: the pages fault in on use, as before."""
+    for start in range(0, len(mm), _POPULATE_STEP):
+        try:
+            mm.madvise(_MADV_POPULATE_WRITE, start, min(_POPULATE_STEP, len(mm) - start))
+        except OSError:
+            return

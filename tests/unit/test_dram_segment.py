@@ -1,0 +1,49 @@
+"""A DRAM segment maps all its pages into the daemon when it is made, so no transfer the daemon
+serves pays a page fault per 4 KiB on space it has not touched yet."""
+
+from __future__ import annotations
+
+import mmap
+import re
+
+import pytest
+
+from kvstore.storage.dram import DramSegment
+
+_HEADER = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")
+
+
+def _populate_supported() -> bool:
+    probe = mmap.mmap(-1, mmap.PAGESIZE)
+    try:
+        probe.madvise(23, 0, mmap.PAGESIZE)  # MADV_POPULATE_WRITE, Linux 5.14
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def _mapped_bytes(path: str) -> int:
+    """Bytes of the mapping of `path` present in this process's page tables (its Rss)."""
+    mapped, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if _HEADER.match(line):
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                mapped += int(line.split()[1]) * 1024
+    return mapped
+
+
+@pytest.mark.skipif(not _populate_supported(), reason="MADV_POPULATE_WRITE needs Linux 5.14")
+def test_a_new_segment_has_every_page_mapped() -> None:
+    segment = DramSegment("test-populated", 40 << 20)  # not a multiple of the populate step
+    try:
+        assert _mapped_bytes(str(segment.path)) == segment.capacity
+        segment.write_from(segment.capacity - 4096, memoryview(b"x" * 4096))
+        out = bytearray(4096)
+        segment.read_into(segment.capacity - 4096, memoryview(out))
+        assert out == b"x" * 4096
+    finally:
+        segment.close()
