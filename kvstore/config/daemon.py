@@ -22,6 +22,7 @@ class DaemonConfig:
     dram_size: int = 1 << 30  # bytes of DRAM this daemon offers
     segment_size: int = 256 << 20  # DRAM is offered as segments of this size
     shm_dir: str = "/dev/shm"  # where DRAM segment files live (removed at stop)
+    map_dram_pages: bool = True  # map all DRAM pages into the daemon at start (~0.3 s/GiB): no faults in transfers
     heartbeat_interval_s: float = 2.0  # how often the daemon tells the service it is alive
     # Opt in to mooncake, nixl and ucx (`--transports shm,mooncake,nixl,ucx,tcp`): each is served if
     # its library is installed. Not by default: Mooncake's engine and NIXL's agent listen on every

@@ -151,7 +151,7 @@ class StorageDaemon:
         tag = f"-s{link.shard}" if shards > 1 else ""
         made: list[SegmentStorage] = []
         for i, size in enumerate(split_sizes(cfg.dram_size // shards, cfg.segment_size)):
-            made.append(DramSegment(f"{self._memory_id}{tag}-dram{i}", size, cfg.shm_dir))
+            made.append(DramSegment(f"{self._memory_id}{tag}-dram{i}", size, cfg.shm_dir, cfg.map_dram_pages))
         if cfg.ssd_dir:
             made.extend(self._open_ssd(link, shards))
         if cfg.gpu_size:

@@ -17,7 +17,7 @@ from kvstore.types import Tier
 class DramSegment(SegmentStorage):
     tier = Tier.DRAM
 
-    def __init__(self, segment_id: str, capacity: int, shm_dir: str = "/dev/shm") -> None:
+    def __init__(self, segment_id: str, capacity: int, shm_dir: str = "/dev/shm", map_pages: bool = True) -> None:
         self.segment_id = segment_id
         self.capacity = capacity
         # The pid in the name lets a later daemon sweep files left by one that was killed.
@@ -29,7 +29,8 @@ class DramSegment(SegmentStorage):
             # pay for zero-filling fresh tmpfs pages, and a full /dev/shm fails here, not mid-put.
             os.posix_fallocate(fd, 0, capacity)
             self._mmap = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            _map_pages(self._mmap)
+            if map_pages:
+                _map_pages(self._mmap)
         except BaseException:
             os.close(fd)
             self.path.unlink(missing_ok=True)

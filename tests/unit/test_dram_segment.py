@@ -47,3 +47,11 @@ def test_a_new_segment_has_every_page_mapped() -> None:
         assert out == b"x" * 4096
     finally:
         segment.close()
+
+
+def test_a_segment_made_without_mapping_leaves_its_pages_to_fault_in() -> None:
+    segment = DramSegment("test-unmapped", 8 << 20, map_pages=False)  # the daemon's --no-map-dram-pages
+    try:
+        assert _mapped_bytes(str(segment.path)) == 0
+    finally:
+        segment.close()
