@@ -104,7 +104,7 @@ def _the_helper() -> _Helper:
 
 class HashPipe:
     """Checksums of consecutive buffers, computed on the helper thread, in order, while the caller
-    fills them (a copy, a socket receive). Feed each buffer's pieces with update() once they hold
+    fills them (today: a copy, in _pipelined). Feed each buffer's pieces with update() once they hold
     their bytes, end each buffer with digest(), and always call finish(): it waits for the helper
     to let go of every piece (also on the way out of an error) and returns the digests in order.
     run_ahead() queues other work for the helper (mapping the next pieces' pages); next_ack()
