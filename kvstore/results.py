@@ -100,7 +100,9 @@ class GetReply:
     results: tuple[GetResult, ...]
     segments: Mapping[str, SegmentInfo] = field(default_factory=dict)  # every segment a grant names
     lease_ms: int = 0  # how long the read leases hold the blocks in place
-    packed: bool = False  # sent as columns (the caller asked for them): kvstore.wire.packed
+    # How it travels (GetRequest.packed, kvstore.wire.packed): a message per key (0), columns (1) or
+    # rows (2), as the caller asked; not part of what the reply says.
+    packed: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from kvstore.results import GetResult
 from kvstore.transport.base import Transfer
 from kvstore.types import Grant, SegmentInfo
 from kvstore.wire.calls import Get
+from kvstore.wire.packed import ROWS
 
 log = logging.getLogger(__name__)
 FLUSH_S = 1.0
@@ -87,7 +88,7 @@ class Reader:
     def _fetch(self, keys: Sequence[str]) -> list[Located]:
         released, failed, touched = self.take_released(), self._take_failed(), self._take_touched()
         try:
-            request = Get(keys, released, self._transports.host, self.client_id, failed, touched, packed=True)
+            request = Get(keys, released, self._transports.host, self.client_id, failed, touched, packed=ROWS)
             reply = self._meta.call(request)
         except KVStoreError:  # the next call carries them (a lease ended twice is refused quietly)
             with self._lock:

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from kvstore.errors import ErrorCode, KVStoreError
 from kvstore.metrics.fast import CallStats, Tally, counter_family
 from kvstore.results import StoreStats
+from kvstore.wire import packed
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # a server process: *_created series only double the scrape
 Handler = Callable[..., Any]  # a MetaHandlers method: (request, caller) -> response
@@ -101,11 +102,10 @@ class ServiceMetrics:
 
 def _read_get(request: Any, response: Any) -> Counts:
     hits = misses = busy = grants = 0
-    if response.HasField("packed"):  # the results as columns (kvstore.wire.packed)
-        columns = response.packed
-        codes = list(columns.codes)
+    if response.HasField("packed"):  # the results as rows or columns (kvstore.wire.packed)
+        codes, replicas = packed.counts(response.packed)
         hits, busy = codes.count(_OK), codes.count(_BUSY)
-        grants = sum(n for code, n in zip(codes, columns.replica_counts) if code == _OK)
+        grants = sum(n for code, n in zip(codes, replicas) if code == _OK)
         return hits, len(codes) - hits - busy, busy, grants
     for result in response.results:
         code = result.status.code

@@ -48,6 +48,7 @@ from kvstore.version import __version__
 from kvstore.wire import calls, codec
 from kvstore.wire.call import Role, snake
 from kvstore.wire.calls import CALLS
+from kvstore.wire.packed import ROWS
 
 Handler = Callable[[Any, Principal], Any]
 _UNCONFINED = unconfined()
@@ -246,7 +247,7 @@ class MetaHandlers:
             self._keys(req.keys, who), req.released, self._host(req.client_host, who),
             self._holder(req.client_id, who), req.failed_segments, self._keys(req.touched, who),
         )  # fmt: skip
-        return GetReply(reply.results, reply.segments, reply.lease_ms, True) if req.packed else reply
+        return GetReply(reply.results, reply.segments, reply.lease_ms, min(req.packed, ROWS)) if req.packed else reply
 
     def release(self, req: calls.Release, who: Principal) -> None:
         self._reads.release(req.released, self._holder(req.client_id, who))

@@ -933,8 +933,11 @@ class GetRequest(_message.Message):
     PACKED_FIELD_NUMBER: _builtins.int
     client_host: _builtins.str
     client_id: _builtins.str
-    packed: _builtins.bool
-    """the caller reads PackedGetResults: answer with `packed` rather than `results`"""
+    packed: _builtins.int
+    """How the caller reads the results (kvstore.wire.packed): 0, a GetResult message per key in
+    `results`; 1, PackedGetResults as columns; 2, PackedGetResults as rows. It was a bool (1):
+    a service that predates rows reads 2 as 1 and answers columns, which every client reads.
+    """
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -959,7 +962,7 @@ class GetRequest(_message.Message):
         client_id: _builtins.str = ...,
         failed_segments: _abc.Iterable[_builtins.str] | None = ...,
         touched: _abc.Iterable[_builtins.str] | None = ...,
-        packed: _builtins.bool = ...,
+        packed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -1057,8 +1060,14 @@ class PackedGetResults(_message.Message):
     GRANT_SEGMENTS_FIELD_NUMBER: _builtins.int
     GRANTS_FIELD_NUMBER: _builtins.int
     MAC_BYTES_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
     grants: _builtins.bytes
     mac_bytes: _builtins.int
+    rows: _builtins.bytes
+    """Rows (GetRequest.packed 2): instead of the five columns above, a fixed record per key,
+    little-endian: code u32, replica count u32, size u64, checksum u64, lease id u64; and
+    `messages` holds one message per key whose code is not OK, in order.
+    """
     @_builtins.property
     def codes(self) -> _containers.RepeatedScalarFieldContainer[Global___ErrorCode.ValueType]:
         """per key; OK (0) for a result with grants"""
@@ -1089,10 +1098,11 @@ class PackedGetResults(_message.Message):
         grant_segments: _abc.Iterable[_builtins.str] | None = ...,
         grants: _builtins.bytes = ...,
         mac_bytes: _builtins.int = ...,
+        rows: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksums", b"checksums", "codes", b"codes", "grant_segments", b"grant_segments", "grants", b"grants", "lease_ids", b"lease_ids", "mac_bytes", b"mac_bytes", "messages", b"messages", "replica_counts", b"replica_counts", "sizes", b"sizes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksums", b"checksums", "codes", b"codes", "grant_segments", b"grant_segments", "grants", b"grants", "lease_ids", b"lease_ids", "mac_bytes", b"mac_bytes", "messages", b"messages", "replica_counts", b"replica_counts", "rows", b"rows", "sizes", b"sizes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -176,7 +176,7 @@ class Get(Call[GetReply]):
     client_id: str = ""
     failed_segments: Sequence[str] = ()
     touched: Sequence[str] = ()
-    packed: bool = False  # answer as columns (kvstore.wire.packed); a service that predates them ignores it
+    packed: int = 0  # how the reply travels: kvstore.wire.packed (MESSAGES, COLUMNS, ROWS)
 
 
 @dataclass(frozen=True)

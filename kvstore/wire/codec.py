@@ -79,9 +79,11 @@ def _plan(cls: type[Call[Any]]) -> _Plan:
 def request_to_pb(call: Call[Any]) -> Message:
     plan = _plan(type(call))
     fields = {}
+    values = call.__dict__
     for f in plan.fields:
-        value = getattr(call, f.name)
-        fields[f.wire] = f.to(value) if f.to is not None else value
+        value = values[f.name]
+        if value:  # a field at its default (empty, zero, "") is left out: the same message, built faster
+            fields[f.wire] = f.to(value) if f.to is not None else value
     return plan.request(**fields)
 
 

@@ -201,7 +201,8 @@ def put_end_reply_from_pb(msg: pb.PutEndResponse) -> PutEndReply:
 def get_reply_to_pb(reply: GetReply) -> pb.GetResponse:
     segments = [segment_to_pb(s) for s in reply.segments.values()]
     if reply.packed:
-        return pb.GetResponse(packed=packed.pack(reply.results), segments=segments, lease_ms=reply.lease_ms)
+        columns = packed.pack(reply.results, reply.packed)
+        return pb.GetResponse(packed=columns, segments=segments, lease_ms=reply.lease_ms)
     grant = grant_to_pb  # a message per key, for a caller that did not ask for columns
     return pb.GetResponse(  # an unset status reads as OK (code 0): most results leave it out
         results=[
@@ -226,7 +227,10 @@ def get_reply_from_pb(msg: pb.GetResponse) -> GetReply:
             else GetResult(code_from_pb(r.status.code), r.status.message)
             for r in msg.results
         )
-    return GetReply(results, segments_by_id(msg.segments), msg.lease_ms, msg.HasField("packed"))
+    layout = packed.MESSAGES
+    if msg.HasField("packed"):
+        layout = packed.ROWS if packed.is_rows(msg.packed) else packed.COLUMNS
+    return GetReply(results, segments_by_id(msg.segments), msg.lease_ms, layout)
 
 
 # -- daemons ---------------------------------------------------------------------------------------
