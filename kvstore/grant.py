@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from kvstore import tokens
 from kvstore.errors import InvalidArgument, PermissionDenied
-from kvstore.types import Grant, GrantMode
+from kvstore.types import Grant, GrantMode, new_grant
 
 MAC_BYTES = 16
 RECEIPT_BYTES = 16
@@ -89,7 +89,7 @@ class GrantSigner:
         self, segment_id: str, offset: int, length: int, mode: GrantMode, expires_ms: int, flags: int = 0
     ) -> Grant:
         mac = self._mac(segment_id, offset, length, int(mode), flags, expires_ms)
-        return Grant(segment_id, offset, length, mode, expires_ms, mac, flags)
+        return new_grant(segment_id, offset, length, mode, expires_ms, mac, flags)
 
     def check(self, grant: Grant, mode: GrantMode, now_ms: int, segment_capacity: int) -> None:
         """Raise PermissionDenied unless a daemon may honour `grant` for `mode` now."""

@@ -17,11 +17,10 @@ from kvstore.meta.index import ObjectState
 from kvstore.meta.segments import OFFSET_BITS, unpack_location
 from kvstore.meta.state import MetaState
 from kvstore.meta.tiering import Tiering
-from kvstore.results import OK, GetResult, KeyResult
+from kvstore.results import OK, GetResult, KeyResult, found
 from kvstore.types import Grant, GrantMode, Tier
 
 _OFFSET_MASK = (1 << OFFSET_BITS) - 1
-_OK_CODE = ErrorCode.OK
 
 
 class Reads:
@@ -50,8 +49,13 @@ class Reads:
                 grant = self._signer.sign(seg.segment_id, offset, entry.size, GrantMode.READ, until_ms, flags)
                 if not flags:
                     st.note_grant(key, until)
-                self._read_from(key, [seg.info.tier])
-                return GetResult(_OK_CODE, "", entry.size, entry.checksum, (grant,), lease_id)
+                tier = seg.info.tier
+                st.tier_counters[tier, "hits"] += 1
+                if tier is Tier.DRAM:  # _read_from, for one replica
+                    self._tiering.note_dram_read(key)
+                elif tier is Tier.SSD:
+                    self._tiering.note_ssd_read(key)
+                return found(entry.size, entry.checksum, (grant,), lease_id)
             return self._unconfirmed(key, lease_id, holder)
         grants: list[tuple[bool, Grant]] = []
         tiers: list[Tier] = []

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 from kvstore.errors import ErrorCode, InvalidArgument
-from kvstore.results import GetResult
-from kvstore.types import Grant, GrantMode
+from kvstore.results import GetResult, found
+from kvstore.types import Grant, GrantMode, new_grant
 from kvstore.v1 import meta_pb2 as pb
 
 MESSAGES, COLUMNS, ROWS = 0, 1, 2  # GetRequest.packed: how the caller reads the results
@@ -27,7 +26,6 @@ ROW = struct.Struct("<IIQQQ")  # code, replica count, size, checksum, lease id
 _MODES = {int(m): m for m in GrantMode}
 _OK = int(ErrorCode.OK)
 OK_CODE = ErrorCode.OK
-_new = object.__new__
 
 
 def _record(mac_bytes: int) -> struct.Struct:
@@ -130,10 +128,10 @@ def _results(
             out.append(GetResult(ErrorCode(code) if code in known else ErrorCode.INTERNAL, message))
             continue
         if count == 1:  # the common case: one replica
-            grants: tuple[Grant, ...] = (_grant(segments, modes, next(records)),)
+            grants: tuple[Grant, ...] = (_grant(segments, modes, *next(records)),)
         else:  # a list, not a generator: running out of records raises StopIteration as it is
-            grants = tuple([_grant(segments, modes, next(records)) for _ in range(count)])
-        out.append(_result(size, checksum, grants, lease))
+            grants = tuple([_grant(segments, modes, *next(records)) for _ in range(count)])
+        out.append(found(size, checksum, grants, lease))
     if next(records, None) is not None:
         raise InvalidArgument("a packed Get reply whose grants do not match its replica counts")
     if next(failures, None) is not None:
@@ -141,28 +139,8 @@ def _results(
     return tuple(out)
 
 
-# Grants and results are frozen dataclasses, whose __init__ sets each field through
-# object.__setattr__; a batch of thousands makes them faster by filling the instance's dict.
-
-
-def _grant(segments: list[str], modes: dict[int, GrantMode], rec: tuple[Any, ...]) -> Grant:
-    g: Grant = _new(Grant)
-    d = g.__dict__
-    d["segment_id"], d["offset"], d["length"], d["mode"], d["expires_ms"], d["flags"], d["mac"] = (
-        segments[rec[0]], rec[1], rec[2], modes[rec[3]], rec[4], rec[5], rec[6]
-    )  # fmt: skip
-    return g
-
-
-def _result(size: int, checksum: int, grants: tuple[Grant, ...], lease: int) -> GetResult:
-    r: GetResult = _new(GetResult)
-    d = r.__dict__
-    d["code"], d["message"], d["size"], d["checksum"], d["grants"], d["lease_id"] = (
-        OK_CODE,
-        "",
-        size,
-        checksum,
-        grants,
-        lease,
-    )
-    return r
+def _grant(
+    segments: list[str], modes: dict[int, GrantMode], seg: int, offset: int, length: int, mode: int, expires: int,
+    flags: int, mac: bytes,
+) -> Grant:  # fmt: skip
+    return new_grant(segments[seg], offset, length, modes[mode], expires, mac, flags)
