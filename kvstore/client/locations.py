@@ -67,13 +67,17 @@ class LocationCache:
             return
         mono = time.monotonic()
         margin_ms = now_ms + EXPIRY_MARGIN_S * 1000
+        ttl_s, ok = self.ttl_s, ErrorCode.OK
         entries = []
         for key, result in zip(keys, results):
-            if result.code is not ErrorCode.OK or not result.grants:
+            grants = result.grants
+            if result.code is not ok or not grants:
                 continue
-            left_s = (min(g.expires_ms for g in result.grants) - margin_ms) / 1000
+            # One grant, as most keys have: no generator for the earliest expiry.
+            first_ms = grants[0].expires_ms if len(grants) == 1 else min(g.expires_ms for g in grants)
+            left_s = (first_ms - margin_ms) / 1000
             if left_s > 0:
-                entries.append((key, Location(result, segments, mono + min(left_s, self.ttl_s))))
+                entries.append((key, Location(result, segments, mono + (left_s if left_s < ttl_s else ttl_s))))
         with self._lock:
             for key, entry in entries:
                 self._entries[key] = entry
