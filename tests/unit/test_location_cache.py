@@ -18,19 +18,27 @@ def _result(*expires_ms: int) -> GetResult:
     return GetResult(size=8, checksum=1, grants=grants, lease_id=3)
 
 
-def _left(cache: LocationCache, key: str) -> float:
-    entry = cache.get(key, time.monotonic())
+def _put(cache: LocationCache, keys: list[str], results: list[GetResult]) -> tuple[float, float]:
+    """put_many, and the monotonic clock read just before and just after it: the entries' `until`
+    is the clock the cache read in between, plus each entry's lifetime."""
+    before = time.monotonic()
+    cache.put_many(keys, results, {}, NOW_MS)
+    return before, time.monotonic()
+
+
+def _lasts(cache: LocationCache, key: str, window: tuple[float, float], lifetime_s: float) -> bool:
+    entry = cache.get(key, window[0])  # good at the time of the put: never dropped as expired here
     assert entry is not None
-    return entry.until - time.monotonic()
+    return window[0] + lifetime_s <= entry.until <= window[1] + lifetime_s
 
 
 def test_an_entry_lasts_until_its_earliest_grant_less_the_margin():
     cache = LocationCache(16, ttl_s=60)
     one, several = _result(NOW_MS + 3_000), _result(NOW_MS + 9_000, NOW_MS + 2_000, NOW_MS + 5_000)
-    cache.put_many(["one", "several"], [one, several], {}, NOW_MS)
-    assert 3 - EXPIRY_MARGIN_S - 0.2 < _left(cache, "one") <= 3 - EXPIRY_MARGIN_S
-    assert 2 - EXPIRY_MARGIN_S - 0.2 < _left(cache, "several") <= 2 - EXPIRY_MARGIN_S
-    entry = cache.get("one", time.monotonic())
+    window = _put(cache, ["one", "several"], [one, several])
+    assert _lasts(cache, "one", window, 3 - EXPIRY_MARGIN_S)
+    assert _lasts(cache, "several", window, 2 - EXPIRY_MARGIN_S)
+    entry = cache.get("one", window[0])
     assert entry is not None and entry.result is one
 
 
@@ -42,6 +50,6 @@ def test_ttl_caps_an_entry_and_spent_or_failed_keys_are_not_kept():
         GetResult(ErrorCode.KEY_NOT_FOUND, "gone"),
         GetResult(size=8, checksum=1),  # no grant
     ]
-    cache.put_many(["long", "short", "missing", "bare"], results, {}, NOW_MS)
-    assert 0.8 < _left(cache, "long") <= 1.0
+    window = _put(cache, ["long", "short", "missing", "bare"], results)
+    assert _lasts(cache, "long", window, 1.0)
     assert len(cache) == 1
