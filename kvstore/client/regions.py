@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvstore.clock import Clock, now_ms
 from kvstore.errors import ErrorCode, KVStoreError
-from kvstore.grant import local_piece
 from kvstore.metaclient.client import MetaClient
 from kvstore.types import Grant, SegmentInfo
 from kvstore.wire.calls import PutCommit, Reserve
@@ -45,10 +46,9 @@ class Region:
         return self.grant.offset + self.grant.length
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     region: Region
-    grant: Grant  # the piece: [offset, +size) of the region's grant
+    offset: int  # in the segment: the value goes to [offset, +its size), inside the region's grant
 
 
 @dataclass
@@ -69,23 +69,32 @@ class RegionPool:
 
     def take(self, size: int) -> Piece | None:
         """A piece for a `size`-byte value, or None: put it with PutStart."""
-        if size > self.max_value or not self.host:
-            return None
+        return self.take_many([size])[0]
+
+    def take_many(self, sizes: Sequence[int]) -> list[Piece | None]:
+        """A piece for each value of `sizes` bytes, in order, or None for one to put with PutStart
+        (too large, or once no region is offered: then for the rest of the batch too)."""
+        pieces: list[Piece | None] = [None] * len(sizes)
+        if not self.host:
+            return pieces
         with self._lock:
             now = time.monotonic()
             if now < self._paused_until:
-                return None
+                return pieces
             region = self._current
-            need = -(-size // region.alignment) * region.alignment if region else size
-            if region is None or region.cursor + need > region.end or now >= region.until:
-                region = self._reserve(max(size, self._size), now)
-                if region is None:
-                    return None
-                need = -(-size // region.alignment) * region.alignment
-            piece = Piece(region, local_piece(region.grant, region.cursor, size))
-            region.cursor += need
-            region.inflight += 1
-            return piece
+            for i, size in enumerate(sizes):
+                if size > self.max_value or size <= 0:
+                    continue
+                need = -(-size // region.alignment) * region.alignment if region else size
+                if region is None or region.cursor + need > region.end or now >= region.until:
+                    region = self._reserve(max(size, self._size), now)
+                    if region is None:
+                        return pieces
+                    need = -(-size // region.alignment) * region.alignment
+                pieces[i] = Piece(region, region.cursor)
+                region.cursor += need
+                region.inflight += 1
+        return pieces
 
     def _reserve(self, size: int, now: float) -> Region | None:
         """A new region (the current one is retired); None, and a pause, if none is offered."""

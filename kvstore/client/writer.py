@@ -93,11 +93,8 @@ class Writer:
         """Put what fits into pieces of regions: write each, commit them together. Returns the
         keys left for PutStart (no piece, a failed write, or a region the service no longer holds)."""
         assert self._regions is not None
-        pieces: dict[int, Piece] = {}
-        for i in todo:
-            piece = self._regions.take(len(views[i]))
-            if piece is not None:
-                pieces[i] = piece
+        taken = self._regions.take_many([len(views[i]) for i in todo])
+        pieces: dict[int, Piece] = {i: piece for i, piece in zip(todo, taken, strict=True) if piece is not None}
         if not pieces:
             return todo
         left = [i for i in todo if i not in pieces]
@@ -112,7 +109,9 @@ class Writer:
             for idxs in runs:
                 region = pieces[idxs[0]].region
                 try:
-                    done = shm.write(region.segment, [Transfer(pieces[i].grant, views[i]) for i in idxs], deadline)
+                    done = shm.write_pieces(
+                        region.segment, region.grant, [(pieces[i].offset, views[i]) for i in idxs], deadline
+                    )
                 except KVStoreError as exc:
                     log.warning(
                         "put: writing %d value(s) into a region failed (%s); putting them again", len(idxs), exc
@@ -125,7 +124,7 @@ class Writer:
                         self._regions.client_id,
                         region.region_id,
                         [keys[i] for i in idxs],
-                        [pieces[i].grant.offset for i in idxs],
+                        [pieces[i].offset for i in idxs],
                         [len(views[i]) for i in idxs],
                         sums,
                         self._regions.take_released(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -17,7 +18,9 @@ from kvstore.errors import KVStoreError
 from kvstore.metrics.fast import Tally, Timed, counter_family, histogram_family
 from kvstore.metrics.links import LinkConfig, LinkMonitor
 from kvstore.transport.base import Transfer, Transport, Written
-from kvstore.types import SegmentInfo
+from kvstore.types import Grant, SegmentInfo
+
+_R = TypeVar("_R")
 
 TRANSFER_SECONDS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
@@ -130,30 +133,30 @@ class MeteredTransport(Transport):
         return self.inner.can_reach(segment)
 
     def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> Written:
-        begun = time.perf_counter()
-        try:
-            written = self.inner.write(segment, transfers, deadline)
-        except KVStoreError as exc:
-            self._metrics.failed(self.name, segment.daemon_id, "put", exc)
-            raise
-        self._metrics.seen[segment.daemon_id] = segment
-        self._metrics.transferred(
-            self.name, segment.daemon_id, "put", sum(t.grant.length for t in transfers), time.perf_counter() - begun
-        )
-        return written
+        nbytes = sum(t.grant.length for t in transfers)
+        return self._metered(segment, "put", nbytes, lambda: self.inner.write(segment, transfers, deadline))
+
+    def write_pieces(
+        self, segment: SegmentInfo, grant: Grant, pieces: Sequence[tuple[int, memoryview]], deadline: float
+    ) -> Written:
+        nbytes = sum(b.nbytes for _, b in pieces)
+        return self._metered(segment, "put", nbytes, lambda: self.inner.write_pieces(segment, grant, pieces, deadline))
 
     def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int] | None:
+        nbytes = sum(t.grant.length for t in transfers)
+        return self._metered(segment, "get", nbytes, lambda: self.inner.read(segment, transfers, deadline))
+
+    def _metered(self, segment: SegmentInfo, direction: str, nbytes: int, move: Callable[[], _R]) -> _R:
+        """move(), timed and counted (or its failure counted) against the segment's daemon."""
         begun = time.perf_counter()
         try:
-            digests = self.inner.read(segment, transfers, deadline)
+            done = move()
         except KVStoreError as exc:
-            self._metrics.failed(self.name, segment.daemon_id, "get", exc)
+            self._metrics.failed(self.name, segment.daemon_id, direction, exc)
             raise
         self._metrics.seen[segment.daemon_id] = segment
-        self._metrics.transferred(
-            self.name, segment.daemon_id, "get", sum(t.grant.length for t in transfers), time.perf_counter() - begun
-        )
-        return digests
+        self._metrics.transferred(self.name, segment.daemon_id, direction, nbytes, time.perf_counter() - begun)
+        return done
 
     def forget(self, segment_id: str) -> None:
         self.inner.forget(segment_id)

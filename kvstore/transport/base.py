@@ -19,7 +19,7 @@ from typing import ClassVar, NamedTuple, NoReturn, TypeVar
 from kvstore.clock import Clock, SystemClock, now_ms
 from kvstore.config import ClientConfig, DaemonConfig
 from kvstore.errors import InvalidArgument, PermissionDenied
-from kvstore.grant import GrantSigner
+from kvstore.grant import GrantSigner, local_piece
 from kvstore.observe import NO_TRANSFERS, TransferObserver
 from kvstore.storage.base import SegmentStorage
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo
@@ -50,22 +50,27 @@ class Transfer:
 
 def checked_view(segment: SegmentInfo, t: Transfer, mode: GrantMode, transport: str, now_ms: int) -> memoryview:
     """t.buffer as flat bytes, after the checks every client side makes before moving a byte:
-    the grant is for this segment and direction, lies inside the segment, has not expired, and the
-    buffer is C-contiguous (writable for a read) and exactly the grant's size."""
+    the grant's (check_grant), and the buffer is C-contiguous (writable for a read) and exactly
+    the grant's size."""
     g, buf = t.grant, t.buffer
-    if g.segment_id != segment.segment_id or g.mode != mode:
-        raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for {segment.segment_id}/{mode.name}")
+    check_grant(segment, g, mode, now_ms)
     if not buf.c_contiguous or (mode is GrantMode.READ and buf.readonly):
         raise InvalidArgument(f"{transport} transfers need C-contiguous buffers, writable for a read")
     if buf.nbytes != g.length:
         raise InvalidArgument(f"buffer of {buf.nbytes} bytes does not match grant [{g.offset}, +{g.length})")
+    return buf.cast("B")
+
+
+def check_grant(segment: SegmentInfo, g: Grant, mode: GrantMode, now_ms: int) -> None:
+    """The grant is for this segment and direction, lies inside the segment and has not expired."""
+    if g.segment_id != segment.segment_id or g.mode != mode:
+        raise InvalidArgument(f"grant for {g.segment_id}/{g.mode.name} used for {segment.segment_id}/{mode.name}")
     if g.offset + g.length > segment.capacity:
         raise PermissionDenied(f"grant range [{g.offset}, +{g.length}) is outside the segment")
     if g.expires_ms < now_ms:
         # The space may already belong to another key: writing could corrupt it, reading return it.
         again = "put" if mode is GrantMode.WRITE else "get"
         raise PermissionDenied(f"{mode.name.lower()} grant expired {now_ms - g.expires_ms} ms ago: {again} again")
-    return buf.cast("B")
 
 
 _Fields = TypeVar("_Fields")
@@ -119,6 +124,13 @@ class Transport(ABC):
         PermissionDenied or InvalidArgument on failure (then any subset may have been written).
         `deadline` is a time.monotonic() value. Returns the buffers' checksums where computed
         while copying (cheaper than a second pass) and the daemon's receipts where it gives them."""
+
+    def write_pieces(
+        self, segment: SegmentInfo, grant: Grant, pieces: Sequence[tuple[int, memoryview]], deadline: float
+    ) -> Written:
+        """Write each (offset, bytes) piece of one LOCAL grant (a region's, kvstore/client/regions.py)
+        into [offset, +its size); as `write` otherwise. Here, as a transfer per piece."""
+        return self.write(segment, [Transfer(local_piece(grant, o, len(b)), b) for o, b in pieces], deadline)
 
     @abstractmethod
     def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int] | None:

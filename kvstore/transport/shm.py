@@ -23,11 +23,19 @@ from dataclasses import dataclass
 from kvstore.checksum import PIECE, copy_with_checksum, hasher
 from kvstore.clock import Clock
 from kvstore.config import ClientConfig, DaemonConfig
-from kvstore.errors import TransportError
+from kvstore.errors import InvalidArgument, TransportError
 from kvstore.hostid import host_id, pid_alive
 from kvstore.storage.base import FileBacked, SegmentStorage
-from kvstore.transport.base import GrantChecker, Transfer, Transport, TransportServer, Written, checked_view
-from kvstore.types import Endpoint, GrantMode, SegmentInfo, Tier
+from kvstore.transport.base import (
+    GrantChecker,
+    Transfer,
+    Transport,
+    TransportServer,
+    Written,
+    check_grant,
+    checked_view,
+)
+from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier
 
 REACH_S = 1.0  # how long a segment's reachability is remembered
 # A mapping's pages fault into this process one at a time (a read fault maps 16 around it) on first
@@ -190,6 +198,27 @@ class ShmTransport(Transport):
 
     def write(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> Written:
         return Written(self._move(segment, transfers, GrantMode.WRITE), None)
+
+    def write_pieces(
+        self, segment: SegmentInfo, grant: Grant, pieces: Sequence[tuple[int, memoryview]], deadline: float
+    ) -> Written:
+        """The grant is checked once; each piece only for lying inside it (a batch of small values
+        costs no grant and no transfer object per value)."""
+        check_grant(segment, grant, GrantMode.WRITE, self.now_ms())
+        opened = self._opened(segment)
+        lo, hi = grant.offset, grant.offset + grant.length
+        digests = []
+        for offset, buffer in pieces:
+            if offset < lo or offset + buffer.nbytes > hi or not buffer.c_contiguous:
+                raise InvalidArgument(
+                    f"a piece [{offset}, +{buffer.nbytes}) is outside its grant [{lo}, +{grant.length}), "
+                    "or its buffer is not C-contiguous"
+                )
+            try:
+                digests.append(opened.move(offset, buffer.cast("B"), GrantMode.WRITE))
+            except OSError as exc:
+                raise TransportError(f"shm write of segment {segment.segment_id} failed: {exc}") from exc
+        return Written(digests, None)
 
     def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int]:
         return self._move(segment, transfers, GrantMode.READ)
