@@ -129,32 +129,57 @@ class Regions:
         return Reserved(ErrorCode.NO_SPACE, "no room for a region on this host now")
 
     def commit(
-        self, holder: str, region_id: int, key: str, offset: int, size: int, checksum: int, now: float
-    ) -> KeyResult:
-        """Make the `size` bytes at `offset` of the region COMPLETE as `key`."""
+        self,
+        holder: str,
+        region_id: int,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        part: range,
+        now: float,
+    ) -> list[KeyResult]:
+        """Make the `sizes[i]` bytes at `offsets[i]` of the region COMPLETE as `keys[i]`, for each
+        i in `part` (the region is looked up once: the caller holds the store's lock)."""
         region = self._regions.get(region_id)
         if region is not None and not self._st.segments.has_number(region.segment.number):
             del self._regions[region_id]  # its segment went away, and its space with it
             region = None
         if region is None or region.holder != holder or now > region.until + self._st.quarantine.grace:
-            return KeyResult(
-                ErrorCode.KEY_NOT_FOUND, f"region {region_id} is not held (expired or released): put {key!r} again"
-            )
-        state = self._st.index.state(key)  # first: a commit repeated (its answer lost) finds its own piece taken
-        if state is ObjectState.COMPLETE:
-            return KeyResult(ErrorCode.ALREADY_EXISTS, f"{key!r} is already stored")
-        if state is ObjectState.PENDING:
-            return KeyResult(ErrorCode.KEY_BUSY, f"another put of {key!r} is in progress")
-        aligned = region.segment.allocator.aligned(max(size, 1))
-        if size <= 0 or offset % region.segment.allocator.alignment or not region.fits(offset, aligned):
-            return KeyResult(
-                ErrorCode.INVALID_ARGUMENT, f"[{offset}, +{size}) is not a free, aligned piece of region {region_id}"
-            )
-        region.add(offset, aligned)
-        location = pack_location(region.segment.number, offset)
-        self._st.index.insert_complete(key, (location,), size, checksum)
-        self._st.held(key, (location,), +1, size)
-        return OK
+            return [
+                KeyResult(
+                    ErrorCode.KEY_NOT_FOUND,
+                    f"region {region_id} is not held (expired or released): put {keys[i]!r} again",
+                )
+                for i in part
+            ]
+        index, held, number = self._st.index, self._st.held, region.segment.number
+        alignment, aligned_of = region.segment.allocator.alignment, region.segment.allocator.aligned
+        results: list[KeyResult] = []
+        for i in part:
+            key, offset, size = keys[i], offsets[i], sizes[i]
+            state = index.state(key)  # first: a commit repeated (its answer lost) finds its own piece taken
+            if state is ObjectState.COMPLETE:
+                results.append(KeyResult(ErrorCode.ALREADY_EXISTS, f"{key!r} is already stored"))
+                continue
+            if state is ObjectState.PENDING:
+                results.append(KeyResult(ErrorCode.KEY_BUSY, f"another put of {key!r} is in progress"))
+                continue
+            aligned = aligned_of(max(size, 1))
+            if size <= 0 or offset % alignment or not region.fits(offset, aligned):
+                results.append(
+                    KeyResult(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"[{offset}, +{size}) is not a free, aligned piece of region {region_id}",
+                    )
+                )
+                continue
+            region.add(offset, aligned)
+            location = pack_location(number, offset)
+            index.insert_complete(key, (location,), size, checksums[i])
+            held(key, (location,), +1, size)
+            results.append(OK)
+        return results
 
     def release(self, holder: str, region_ids: list[int]) -> None:
         """The writer is done with these regions: their gaps are free (it writes there no more)."""
@@ -238,6 +263,6 @@ class RegionCalls:
         commit = self.regions.commit
 
         def work(part: range, now: float) -> list[KeyResult]:
-            return [commit(client_id, region_id, keys[i], offsets[i], sizes[i], checksums[i], now) for i in part]
+            return commit(client_id, region_id, keys, offsets, sizes, checksums, part, now)
 
         return self._sliced(len(keys), work, True)

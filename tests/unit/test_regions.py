@@ -80,8 +80,10 @@ def test_committed_pieces_are_stored_keys_and_never_overlap(store):
         [1, 1, 1, 1],
     )
     assert [x.code for x in refused] == [ErrorCode.INVALID_ARGUMENT] * 4  # overlaps a, outside, unaligned, b's
-    assert store.exists(["c", "d", "e", "f"]) == [False] * 4
-    assert commit(store, "w1", r.region_id, ["a"], [base + 256], [10], [1])[0].code is ErrorCode.ALREADY_EXISTS
+    twice = commit(store, "w1", r.region_id, ["g", "h"], [base + 256, base + 256], [10, 10], [1, 1])
+    assert [x.code for x in twice] == [ErrorCode.OK, ErrorCode.INVALID_ARGUMENT]  # one batch, one piece each
+    assert store.exists(["c", "d", "e", "f", "h"]) == [False] * 5
+    assert commit(store, "w1", r.region_id, ["a"], [base + 320], [10], [1])[0].code is ErrorCode.ALREADY_EXISTS
     # The same commit again (its answer was lost): the key is stored, and stays as it was.
     assert commit(store, "w1", r.region_id, ["a"], [base], [100], [7])[0].code is ErrorCode.ALREADY_EXISTS
     [g] = store.get(["a"]).results
