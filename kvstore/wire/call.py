@@ -117,8 +117,13 @@ class One(Reply[R]):
     back: Callable[..., R]
     to: Callable[[R], Any] | None = None
     of_call: bool = False
+    # encode(value, field number): the field's encoding, parsed into the message in one call (for
+    # a long repeated field whose messages cost more to build one at a time)
+    encode: Callable[[R, int], bytes] | None = None
 
     def to_pb(self, value: R, response: type[Message]) -> Message:
+        if self.encode is not None:
+            return response.FromString(self.encode(value, response.DESCRIPTOR.fields_by_name[self.field].number))
         return response(**{self.field: self.to(value) if self.to is not None else value})
 
     def from_pb(self, msg: Any, call: Any) -> R:

@@ -45,7 +45,7 @@ R = TypeVar("R")
 
 
 def _key_results() -> One[list[KeyResult]]:
-    return One("results", convert.key_results_from_pb, convert.key_results_to_pb)
+    return One("results", convert.key_results_from_pb, encode=convert.key_results_wire)
 
 
 # -- the engines' and clients' calls --------------------------------------------------------------

@@ -10,10 +10,21 @@ from typing import Any
 
 import pytest
 
-from kvstore.errors import InvalidArgument, KeyNotFound, PermissionDenied
+from kvstore.errors import ErrorCode, InvalidArgument, KeyNotFound, PermissionDenied
 from kvstore.metaclient.client import MetaClient
 from kvstore.metaclient.sharded import client_for
-from kvstore.results import Block, HeartbeatReply, MoveOutcome, PutWritten, ServiceInfoReply, StoreStats, TenantInfo
+from kvstore.results import (
+    OK,
+    Block,
+    HeartbeatReply,
+    KeyResult,
+    MoveOutcome,
+    PutEndReply,
+    PutWritten,
+    ServiceInfoReply,
+    StoreStats,
+    TenantInfo,
+)
 from kvstore.server.auth import ADMIN, ANYONE, DAEMON, DATA, Principal
 from kvstore.server.local import LocalMeta
 from kvstore.shards import ShardMap
@@ -120,6 +131,7 @@ def test_fields_that_differ_on_the_wire_say_so():
 
 STATS = StoreStats(1, 2, 3, 4, 5, 6, 7, 8, role="leader", epoch=3, leader="a:1", standbys=("b:2",), redis="ok",
                    reconciling=1, writes_open=False, tenant="t", shard=1, shards=2)  # fmt: skip
+KEY_RESULTS = [KeyResult(ErrorCode.ALREADY_EXISTS, "x" * 300), OK, KeyResult(ErrorCode.KEY_BUSY)]
 REPLIES: list[tuple[Call[Any], Any]] = [
     (Stats(), STATS),
     (ServiceInfo(), ServiceInfoReply("1.0", 7, "leader", 3, "a:1", 1, ShardMap(("a:1", "b:2"), 4))),
@@ -129,7 +141,23 @@ REPLIES: list[tuple[Call[Any], Any]] = [
     (MatchPrefix(["a"]), 3),
     (calls.UnmountSegment("s"), 2),
     (calls.MountSegment(SEGMENT), None),
+    (calls.PutCommit("c", 1, ["a", "b", "c"], [0, 64, 128], [1, 1, 1], [1, 2, 3]), KEY_RESULTS),
+    (calls.PutRevoke(["a", "b", "c"]), KEY_RESULTS),
+    (
+        calls.PutEnd(["a", "b", "c"], [1, 2, 3], [PutWritten(1, (b"r",))] * 3),
+        PutEndReply(tuple(KEY_RESULTS), (1, 0, 2)),
+    ),
 ]
+
+
+def test_key_results_are_encoded_as_protobuf_encodes_them():
+    """A reply's per-key results are encoded without a Status message per key (call.One.encode):
+    byte for byte what protobuf makes of the messages, a message of 300 characters included (its
+    length takes two bytes)."""
+    req = calls.PutCommit("c", 1, ["a", "b", "c"], [0, 64, 128], [1, 1, 1], [1, 2, 3])
+    msg = req.reply.to_pb(KEY_RESULTS, pb.PutCommitResponse)
+    statuses = [pb.Status(code=pb.ALREADY_EXISTS, message="x" * 300), pb.Status(), pb.Status(code=pb.KEY_BUSY)]
+    assert msg.SerializeToString() == pb.PutCommitResponse(results=statuses).SerializeToString()
 
 
 @pytest.mark.parametrize(("req", "reply"), REPLIES, ids=lambda r: getattr(r, "rpc", ""))
