@@ -53,7 +53,12 @@ class Entry(NamedTuple):
     def segments(self) -> set[int]:
         """The numbers of the segments its replicas are in."""
         loc = self.locations
-        return {loc >> OFFSET_BITS} if isinstance(loc, int) else {x >> OFFSET_BITS for x in loc}
+        return {loc >> OFFSET_BITS} if isinstance(loc, int) else segment_numbers(loc)
+
+
+def segment_numbers(locations: tuple[int, ...]) -> set[int]:
+    """The numbers of the segments of these locations."""
+    return {loc >> OFFSET_BITS for loc in locations}
 
 
 def check_checksums(checksums: Sequence[int]) -> None:

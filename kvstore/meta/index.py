@@ -128,27 +128,27 @@ class ObjectIndex:
         packed = packing.encode(_pack(put.locations), put.size, checksum, self._stamp + 1)  # before any change
         del self._pending[key]
         self.tenant_pending[tenant_of(key)] -= put.size * len(put.locations)
-        return self._added(key, packed)
+        self._added(key, packed, put.locations)
+        return packing.decode(packed)
 
-    def insert_complete(self, key: str, locations: tuple[int, ...], size: int, checksum: int) -> Entry:
-        """ABSENT -> COMPLETE directly: a block a restarted daemon found intact on disk."""
+    def insert_complete(self, key: str, locations: tuple[int, ...], size: int, checksum: int) -> None:
+        """ABSENT -> COMPLETE directly: a block a restarted daemon found intact on disk, or a
+        value written into a region."""
         if key in self._complete or key in self._pending:
             raise AlreadyExists(key)
-        return self._added(key, packing.encode(_pack(locations), size, checksum, self._stamp + 1))
+        self._added(key, packing.encode(_pack(locations), size, checksum, self._stamp + 1), locations)
 
-    def _added(self, key: str, packed: int) -> Entry:
+    def _added(self, key: str, packed: int, locations: tuple[int, ...]) -> None:
         """`packed`: the object's record, stamped with the next stamp (encoded by the caller, so a
-        field too wide is refused before anything changes)."""
+        field too wide is refused before anything changes), its replicas at `locations`."""
         self._stamp += 1
         self._complete[key] = packed
-        entry = packing.decode(packed)
         self.orders.added(key)
-        self.by_segment.add(key, entry.segments(), newest=True)
+        self.by_segment.add(key, packing.segment_numbers(locations), newest=True)
         if key[:1] == "\0":
             self.tenant_keys[tenant_of(key)] += 1
         if self.watcher is not None:
             self.watcher.added(key)
-        return entry
 
     def _next_stamp(self) -> int:
         self._stamp += 1

@@ -90,7 +90,8 @@ def check_invariants(st: MetaState, tiering: Tiering, reserved: Iterable[tuple[i
 
 
 def _check_tenant_counts(st: MetaState) -> None:
-    """Each tenant's bytes, blocks, keys and pending bytes agree with the index."""
+    """Each tenant's bytes, blocks, keys and pending bytes, and each tier's blocks, agree with the
+    index."""
     usage: Counter[tuple[int, Tier]] = Counter()
     blocks: Counter[tuple[int, Tier]] = Counter()
     keys: Counter[int] = Counter()
@@ -111,6 +112,11 @@ def _check_tenant_counts(st: MetaState) -> None:
     ):
         counted, found = _nonzero(have), _nonzero(want)
         assert counted == found, f"tenant {name} counted {counted}, the index says {found}"
+    per_tier: Counter[Tier] = Counter()
+    for (_, tier), n in blocks.items():
+        per_tier[tier] += n
+    counted = {tier: st.tier_counters[tier, "blocks"] for tier in Tier if st.tier_counters[tier, "blocks"]}
+    assert counted == _nonzero(per_tier), f"blocks per tier counted {counted}, the index says {per_tier}"
 
 
 def _nonzero(counts: Counter[Any]) -> dict[Any, int]:

@@ -153,7 +153,10 @@ class Regions:
                 )
                 for i in part
             ]
-        index, held, number = self._st.index, self._st.held, region.segment.number
+        index, number = self._st.index, region.segment.number
+        stored: list[str] = []
+        locations: list[int] = []
+        stored_sizes: list[int] = []
         alignment, aligned_of = region.segment.allocator.alignment, region.segment.allocator.aligned
         results: list[KeyResult] = []
         for i in part:
@@ -177,8 +180,11 @@ class Regions:
             region.add(offset, aligned)
             location = pack_location(number, offset)
             index.insert_complete(key, (location,), size, checksums[i])
-            held(key, (location,), +1, size)
+            stored.append(key)
+            locations.append(location)
+            stored_sizes.append(size)
             results.append(OK)
+        self._st.gained(stored, locations, stored_sizes, region.segment.info.tier)
         return results
 
     def release(self, holder: str, region_ids: list[int]) -> None:

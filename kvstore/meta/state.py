@@ -13,7 +13,7 @@ block's space consults it and the read leases still running.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from kvstore.meta.index import ObjectIndex
 from kvstore.meta.journal import Changes
@@ -121,6 +121,19 @@ class MetaState:
             report((key,), tier)
         if self.tracking:
             self.changed_keys.add(key)
+
+    def gained(self, keys: Sequence[str], locations: Sequence[int], sizes: Sequence[int], tier: Tier) -> None:
+        """held(key, (location,), +1, size) for each key, every location in one segment of `tier`
+        (a batch of new one-replica objects), its tier and its sink told once."""
+        owned, count = self.segments.holds.owned, self.tenants.count
+        for key, loc, size in zip(keys, locations, sizes, strict=True):
+            owned(loc, size)
+            count(key, tier, 1, size)
+        self.tier_counters[tier, "blocks"] += len(keys)
+        if keys:
+            self.events.stored(keys, tier)
+        if self.tracking:
+            self.changed_keys.update(keys)
 
     def attach_events(self, sink: EventSink) -> None:
         """Report block changes to `sink` from now on (under the store's lock: it must only

@@ -19,7 +19,7 @@ from kvstore.meta.store import MetaStore
 from kvstore.results import MoveOutcome
 from kvstore.server.events import attach
 from kvstore.types import Tier
-from tests.meta_helpers import SIGNER, commit, segment
+from tests.meta_helpers import HOST, SIGNER, commit, segment
 
 SCHEME = KeyScheme(model="org/model", layout="f16-l", block_size=4, tenant="t")
 HASHES = SCHEME.block_hashes(list(range(16)))
@@ -104,6 +104,18 @@ def test_puts_demotions_removals_and_a_lost_segment_become_transitions(wired):
     store.unmount_segment("ssd")  # the daemon lost its SSD: KEYS[1] goes with it
     feed.flush()
     assert ("removed", KEYS[0], Tier.SSD) in rec.log and ("removed", KEYS[1], Tier.SSD) in rec.log
+
+
+def test_values_committed_into_a_region_are_announced(wired):
+    """A region's commit tells the sink once for its batch; each key is announced all the same."""
+    store, feed, rec = wired
+    r = store.regions.reserve("w1", HOST, 16 << 10)
+    base = r.grant.offset
+    results = store.regions.put_commit("w1", r.region_id, [*KEYS[:2], KEYS[0]], [base, base + 4096, base + 8192],
+                                       [4096] * 3, [1, 2, 3])  # fmt: skip
+    assert [x.code.name for x in results] == ["OK", "OK", "ALREADY_EXISTS"]
+    feed.flush()
+    assert rec.log == [("stored", KEYS[0], Tier.DRAM), ("stored", KEYS[1], Tier.DRAM)]
 
 
 def test_per_layer_parts_announce_their_block_once(wired):
