@@ -7,9 +7,12 @@ methods, so the client costs nothing extra for callers that never pass one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kvstore.errors import InvalidArgument
+
+_PLAIN = {False: frozenset({bytes, bytearray}), True: frozenset({bytearray})}  # by `writable`
 
 
 def _from_tensor(t: Any) -> memoryview:
@@ -48,3 +51,11 @@ def byte_view(obj: Any, writable: bool) -> memoryview:
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
+
+
+def plain_views(objs: Sequence[Any], writable: bool) -> list[memoryview] | None:
+    """byte_view of each object, in C-level passes, where all are bytes or bytearray (bytearray
+    only, if `writable`): a batch's usual case; None otherwise (view each with byte_view)."""
+    if not set(map(type, objs)) <= _PLAIN[writable]:
+        return None
+    return [memoryview(o) for o in objs]

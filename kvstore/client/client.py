@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvstore import tokens
-from kvstore.client.buffers import byte_view
+from kvstore.client.buffers import byte_view, plain_views
 from kvstore.client.outbytes import new_bytes
 from kvstore.client.reader import Reader
 from kvstore.client.regions import RegionPool
@@ -175,9 +175,11 @@ class KVClient:
         if len(set(keys)) != len(keys):
             raise InvalidArgument("duplicate keys in one put_many")
         replicas = replica_num or self.config.replica_num
-        if not any(self._staging.needs(v) for v in values):
+        views = plain_views(values, writable=False)
+        if views is None and not any(self._staging.needs(v) for v in values):
             views = [byte_view(v, writable=False) for v in values]
-            if any(len(v) == 0 for v in views):
+        if views is not None:
+            if not all(map(len, views)):
                 raise InvalidArgument("empty values are not stored")
             return self._writer.put(keys, views, replicas)
         sizes = self._staging.sizes(values, writable=False)
@@ -255,8 +257,10 @@ class KVClient:
         self._check(keys)
         if len(keys) != len(buffers):
             raise InvalidArgument(f"{len(keys)} keys but {len(buffers)} buffers")
-        if not any(self._staging.needs(b) for b in buffers):
+        views = plain_views(buffers, writable=True)
+        if views is None and not any(self._staging.needs(b) for b in buffers):
             views = [byte_view(b, writable=True) for b in buffers]
+        if views is not None:
             return self._reader.read(keys, self._reader.locate(keys), views, strict)
         sizes = self._staging.sizes(buffers, writable=True)
         out: list[Any] = []

@@ -82,14 +82,16 @@ class RegionPool:
             if now < self._paused_until:
                 return pieces
             region = self._current
+            end = region.end if region else 0
             for i, size in enumerate(sizes):
                 if size > self.max_value or size <= 0:
                     continue
                 need = -(-size // region.alignment) * region.alignment if region else size
-                if region is None or region.cursor + need > region.end or now >= region.until:
+                if region is None or region.cursor + need > end or now >= region.until:
                     region = self._reserve(max(size, self._size), now)
                     if region is None:
                         return pieces
+                    end = region.end
                     need = -(-size // region.alignment) * region.alignment
                 pieces[i] = Piece(region, region.cursor)
                 region.cursor += need
