@@ -67,7 +67,8 @@ class _Opened:
     # Per page of the mapping: 0 not populated, 1 populated for reading, 2 for writing (and reading).
     mapped: bytearray | None = None
 
-    def _populate(self, offset: int, length: int, mode: GrantMode) -> None:
+    def populate_range(self, offset: int, length: int, mode: GrantMode) -> None:
+        """Map [offset, +length) into this process as `mode` needs it, unless it is already."""
         assert self.mm is not None
         if self.mapped is None:
             self.mapped = bytearray(-(-len(self.mm) // _PAGE))
@@ -91,7 +92,7 @@ class _Opened:
             if len(buffer) >= POPULATE_MIN and self.populate:
                 # Run before each piece's copy: for a large copy, on the helper thread, ahead of it.
                 def prepare(start: int, length: int) -> None:
-                    self._populate(offset + start, length, mode)
+                    self.populate_range(offset + start, length, mode)
 
             remote = self.view[offset : offset + len(buffer)]
             if mode is GrantMode.WRITE:
@@ -207,6 +208,12 @@ class ShmTransport(Transport):
         check_grant(segment, grant, GrantMode.WRITE, self.now_ms())
         opened = self._opened(segment)
         lo, hi = grant.offset, grant.offset + grant.length
+        if opened.view is not None and opened.populate and pieces:
+            # The batch's pages mapped in one call, not a fault each at its first copy.
+            start = max(lo, min(o for o, _ in pieces))
+            end = min(hi, max(o + b.nbytes for o, b in pieces))
+            if end > start:
+                opened.populate_range(start, end - start, GrantMode.WRITE)
         digests = []
         for offset, buffer in pieces:
             if offset < lo or offset + buffer.nbytes > hi or not buffer.c_contiguous:

@@ -3,25 +3,14 @@ serves pays a page fault per 4 KiB on space it has not touched yet."""
 
 from __future__ import annotations
 
-import mmap
 import re
 
 import pytest
 
 from kvstore.storage.dram import DramSegment
+from tests.kernel import populate_supported
 
 _HEADER = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")
-
-
-def _populate_supported() -> bool:
-    probe = mmap.mmap(-1, mmap.PAGESIZE)
-    try:
-        probe.madvise(23, 0, mmap.PAGESIZE)  # MADV_POPULATE_WRITE, Linux 5.14
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 def _mapped_bytes(path: str) -> int:
@@ -36,7 +25,7 @@ def _mapped_bytes(path: str) -> int:
     return mapped
 
 
-@pytest.mark.skipif(not _populate_supported(), reason="MADV_POPULATE_WRITE needs Linux 5.14")
+@pytest.mark.skipif(not populate_supported(), reason="MADV_POPULATE_WRITE needs Linux 5.14")
 def test_a_new_segment_has_every_page_mapped() -> None:
     segment = DramSegment("test-populated", 40 << 20)  # not a multiple of the populate step
     try:

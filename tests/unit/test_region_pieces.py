@@ -22,6 +22,7 @@ from kvstore.transport.shm import ShmTransport
 from kvstore.types import Endpoint, Grant, GrantMode, SegmentInfo, Tier
 from kvstore.wire.calls import Get, PutCommit
 from tests.inprocess import InProcessStore
+from tests.kernel import populate_supported
 
 SIZE = 1 << 20
 
@@ -131,3 +132,13 @@ def test_a_batch_that_fills_its_region_goes_on_in_a_new_one():
         assert first.retired and pool.take_released() == []  # retired, but pieces are in flight
         pool.done([p for p in pieces if p is not None])
         assert pool.take_released() == [first.region_id]
+
+
+@pytest.mark.skipif(not populate_supported(), reason="MADV_POPULATE_WRITE needs Linux 5.14")
+def test_the_pages_of_a_batch_are_mapped_for_writing_in_one_call(segment, shm):
+    """Not a page fault per value at its first copy: the span of the batch's pieces is populated
+    once (MADV_POPULATE_WRITE), and nothing outside it."""
+    pieces = [(4096 + n * 4096, memoryview(os.urandom(4096))) for n in range(8)]
+    shm.write_pieces(segment, region(), pieces, time.monotonic() + 5)
+    mapped = shm._open["seg"].mapped
+    assert mapped is not None and mapped[1:9] == b"\2" * 8 and mapped.count(b"\0") == len(mapped) - 8
