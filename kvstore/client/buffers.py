@@ -54,8 +54,20 @@ def byte_view(obj: Any, writable: bool) -> memoryview:
 
 
 def plain_views(objs: Sequence[Any], writable: bool) -> list[memoryview] | None:
-    """byte_view of each object, in C-level passes, where all are bytes or bytearray (bytearray
-    only, if `writable`): a batch's usual case; None otherwise (view each with byte_view)."""
-    if not set(map(type, objs)) <= _PLAIN[writable]:
-        return None
+    """byte_view of each object, without its per-object checks, where none is a tensor and each
+    is already flat unsigned bytes, C-contiguous (writable, if `writable`): bytes, bytearray, a
+    1-D uint8 numpy array, such a memoryview; a batch's usual case. None otherwise: view each with
+    byte_view."""
+    kinds = set(map(type, objs))
+    if not kinds <= _PLAIN[writable]:
+        if any(kind.__module__.startswith("torch") for kind in kinds):
+            return None
+        try:
+            views = [memoryview(o) for o in objs]
+        except TypeError:
+            return None
+        for v in views:
+            if v.format != "B" or v.ndim != 1 or not v.c_contiguous or (writable and v.readonly):
+                return None
+        return views
     return [memoryview(o) for o in objs]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 
+import numpy as np
 import pytest
 
 from kvstore.client.buffers import byte_view, plain_views
@@ -27,7 +28,17 @@ def test_a_batch_written_into_takes_bytearrays_only():
         byte_view(b"ro", writable=True)
 
 
-@pytest.mark.parametrize("other", [memoryview(b"m"), array.array("i", [1, 2]), "text"])
+def test_flat_uint8_arrays_and_memoryviews_are_plain_too():
+    arrays = [np.arange(8, dtype=np.uint8), memoryview(bytearray(3))]
+    views = plain_views(arrays, writable=True)
+    assert views is not None and [v.nbytes for v in views] == [8, 3]
+    assert plain_views([np.arange(8, dtype=np.uint8)[::2]], writable=False) is None  # strided
+    assert plain_views([np.zeros(2, dtype=np.uint8), b"x"], writable=True) is None  # bytes: read-only
+
+
+@pytest.mark.parametrize(
+    "other", [memoryview(b"abcd").cast("B", (2, 2)), array.array("i", [1, 2]), np.zeros(2, dtype=np.float32), "text"]
+)
 def test_anything_else_takes_the_general_path(other):
     assert plain_views([b"x", other], writable=False) is None
     if isinstance(other, str):
