@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -26,13 +26,14 @@ from kvstore.client.transports import Transports
 from kvstore.config import ClientConfig
 from kvstore.errors import ErrorCode, KVStoreError, TransportError, Unavailable
 from kvstore.metaclient.sharded import ShardedMetaClient
-from kvstore.results import PutStartResult, PutWritten
+from kvstore.results import KeyResult, PutStartResult, PutWritten
 from kvstore.transport.base import Transfer, Written
 from kvstore.types import Grant, SegmentInfo
 from kvstore.wire.calls import PutCommit, PutEnd, PutRevoke, PutStart
 
 log = logging.getLogger(__name__)
-COMMIT_KEYS = 1024
+COMMIT_KEYS = 256
+COMMITS_IN_FLIGHT = 2
 MAX_WRITE_THREADS = 16  # daemons a put writes to at once
 
 
@@ -101,10 +102,12 @@ class Writer:
         by_region: dict[int, list[int]] = defaultdict(list)
         for i, piece in pieces.items():
             by_region[piece.region.region_id].append(i)
-        # Commits of at most COMMIT_KEYS keys: each call is short for the service (and for other
-        # threads of this process), and the calls of a big batch cost little more than one.
+        # Commits of at most COMMIT_KEYS keys, COMMITS_IN_FLIGHT at a time: the service commits one
+        # while this thread copies the next (each call is short for the service, too).
         runs = [idxs[n : n + COMMIT_KEYS] for idxs in by_region.values() for n in range(0, len(idxs), COMMIT_KEYS)]
         shm = self._transports.get("shm")
+        inflight: deque[tuple[list[int], Callable[[], list[KeyResult]]]] = deque()
+        failure: KVStoreError | None = None
         try:
             for idxs in runs:
                 region = pieces[idxs[0]].region
@@ -119,27 +122,49 @@ class Writer:
                     left += idxs
                     continue
                 sums = done.checksums or [checksum(views[i]) for i in idxs]
-                results = self._regions.meta.call(
-                    PutCommit(
-                        self._regions.client_id,
-                        region.region_id,
-                        [keys[i] for i in idxs],
-                        [pieces[i].offset for i in idxs],
-                        [len(views[i]) for i in idxs],
-                        sums,
-                        self._regions.take_released(),
-                    )
-                )
-                for i, result in zip(idxs, results, strict=True):
-                    if result.code is ErrorCode.OK:
-                        written[i] = True
-                    elif result.code is ErrorCode.KEY_NOT_FOUND:  # the region is gone: put it again
-                        left.append(i)
-                    elif result.code is not ErrorCode.ALREADY_EXISTS:
-                        errors[i] = result.error() or KVStoreError(result.message)
+                commit = PutCommit(
+                    self._regions.client_id, region.region_id, [keys[i] for i in idxs],
+                    [pieces[i].offset for i in idxs], [len(views[i]) for i in idxs], sums,
+                    self._regions.take_released(),
+                )  # fmt: skip
+                while len(inflight) >= COMMITS_IN_FLIGHT and failure is None:
+                    failure = self._settle(*inflight.popleft(), written, left, errors)
+                if failure is not None:
+                    break
+                try:
+                    inflight.append((idxs, self._regions.meta.begin(commit)))
+                except KVStoreError as exc:
+                    failure = exc
+                    break
         finally:
+            while inflight:  # every answer read, so none is left on a connection
+                failure = self._settle(*inflight.popleft(), written, left, errors) or failure
             self._regions.done(list(pieces.values()))
+        if failure is not None:
+            raise failure
         return sorted(left)
+
+    @staticmethod
+    def _settle(
+        idxs: list[int],
+        wait: Callable[[], list[KeyResult]],
+        written: list[bool],
+        left: list[int],
+        errors: dict[int, KVStoreError],
+    ) -> KVStoreError | None:
+        """Take one PutCommit's answer for the keys `idxs`; the call's error, if it failed."""
+        try:
+            results = wait()
+        except KVStoreError as exc:
+            return exc
+        for i, result in zip(idxs, results, strict=True):
+            if result.code is ErrorCode.OK:
+                written[i] = True
+            elif result.code is ErrorCode.KEY_NOT_FOUND:  # the region is gone: put it again
+                left.append(i)
+            elif result.code is not ErrorCode.ALREADY_EXISTS:
+                errors[i] = result.error() or KVStoreError(result.message)
+        return None
 
     def _attempt(
         self,
