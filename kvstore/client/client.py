@@ -261,7 +261,7 @@ class KVClient:
         if views is None and not any(self._staging.needs(b) for b in buffers):
             views = [byte_view(b, writable=True) for b in buffers]
         if views is not None:
-            return self._reader.read(keys, self._reader.locate(keys), views, strict)
+            return self._reader.get(keys, views, strict)
         sizes = self._staging.sizes(buffers, writable=True)
         out: list[Any] = []
         try:

@@ -36,6 +36,7 @@ from kvstore.wire.packed import ROWS
 
 log = logging.getLogger(__name__)
 FLUSH_S = 1.0
+LOCATE_KEYS = 256  # keys per Get of a large get_many_into, the next in flight while one is read
 MAX_TOUCHES = 16384  # pending LRU touches kept; beyond, the oldest are dropped (recency only)
 _STALE = (ChecksumMismatch, TransportError, PermissionDenied)  # what a cached location can run into
 
@@ -73,6 +74,10 @@ class Reader:
         if not keys:
             self._fetch(keys)
             return []
+        return self._begin_locate(keys)()
+
+    def _begin_locate(self, keys: Sequence[str]) -> Callable[[], list[Located]]:
+        """locate(keys), its Get sent now; what is returned waits for the answer."""
         now = time.monotonic()
         cache = self.cache
         found: list[Located | None] = []
@@ -80,25 +85,47 @@ class Reader:
             hit = cache.get(key, now) if cache.capacity else None
             found.append(None if hit is None else Located(hit.result, hit.segments, True))
         missing = [i for i, f in enumerate(found) if f is None]
-        if missing:
-            for i, fetched in zip(missing, self._fetch([keys[i] for i in missing]), strict=True):
-                found[i] = fetched
-        return [f for f in found if f is not None]
+        wait = self._begin_fetch([keys[i] for i in missing]) if missing else None
+
+        def located() -> list[Located]:
+            if wait is not None:
+                for i, fetched in zip(missing, wait(), strict=True):
+                    found[i] = fetched
+            return [f for f in found if f is not None]
+
+        return located
 
     def _fetch(self, keys: Sequence[str]) -> list[Located]:
+        return self._begin_fetch(keys)()
+
+    def _begin_fetch(self, keys: Sequence[str]) -> Callable[[], list[Located]]:
         released, failed, touched = self.take_released(), self._take_failed(), self._take_touched()
-        try:
-            request = Get(keys, released, self._transports.host, self.client_id, failed, touched, packed=ROWS)
-            reply = self._meta.call(request)
-        except KVStoreError:  # the next call carries them (a lease ended twice is refused quietly)
+
+        def lost() -> None:  # the next call carries them (a lease ended twice is refused quietly)
             with self._lock:
                 self._failed.update(failed)
             self._note(released, touched)
+
+        try:
+            wait = self._meta.begin(
+                Get(keys, released, self._transports.host, self.client_id, failed, touched, packed=ROWS)
+            )
+        except KVStoreError:
+            lost()
             raise
-        if len(keys) != len(reply.results):
-            raise ValueError(f"a Get of {len(keys)} keys answered {len(reply.results)} results")
-        self.cache.put_many(keys, reply.results, reply.segments, now_ms(self._transports.clock))
-        return [Located(r, reply.segments) for r in reply.results]
+
+        def fetched() -> list[Located]:
+            try:
+                reply = wait()
+            except KVStoreError:
+                lost()
+                raise
+            if len(keys) != len(reply.results):
+                raise ValueError(f"a Get of {len(keys)} keys answered {len(reply.results)} results")
+            self.cache.put_many(keys, reply.results, reply.segments, now_ms(self._transports.clock))
+            return [Located(r, reply.segments) for r in reply.results]
+
+        return fetched
 
     def forget(self, keys: Sequence[str]) -> None:
         """Drop cached locations (the client removed these keys)."""
@@ -141,6 +168,36 @@ class Reader:
             self._fetch([])
 
     # -- reading -----------------------------------------------------------------------------------
+
+    def get(self, keys: Sequence[str], views: list[memoryview], strict: bool) -> list[Any]:
+        """locate() and read() the keys, LOCATE_KEYS at a time with the next run's Get in flight
+        while this run is read: the service locates one run while this thread copies another."""
+        if len(keys) <= LOCATE_KEYS:
+            return self.read(keys, self.locate(keys), views, strict)
+        runs = [slice(n, n + LOCATE_KEYS) for n in range(0, len(keys), LOCATE_KEYS)]
+        out: list[Any] = []
+        pending: Callable[[], list[Located]] | None = self._begin_locate(keys[runs[0]])
+        try:
+            for n, run in enumerate(runs):
+                assert pending is not None
+                wait, pending = pending, None
+                located = wait()
+                if n + 1 < len(runs):
+                    pending = self._begin_locate(keys[runs[n + 1]])
+                out += self.read(keys[run], located, views[run], strict=False)
+        finally:
+            if pending is not None:  # a run's read failed: the next one's answer is still taken
+                try:
+                    located = pending()
+                except KVStoreError:
+                    pass
+                else:
+                    self._note([x.result.lease_id for x in located if x.result.lease_id and not x.cached], [])
+        if strict:
+            for r in out:
+                if isinstance(r, KVStoreError):
+                    raise r
+        return out
 
     def read(
         self,
