@@ -138,6 +138,11 @@ class ObjectIndex:
             raise AlreadyExists(key)
         self._added(key, packing.encode(_pack(locations), size, checksum, self._stamp + 1), locations)
 
+    def insert_one(self, key: str, location: int, size: int, checksum: int) -> None:
+        """insert_complete() of a one-replica object whose key the caller found ABSENT (under the
+        same lock): a region's value."""
+        self._added(key, packing.encode(location, size, checksum, self._stamp + 1), (location,))
+
     def _added(self, key: str, packed: int, locations: tuple[int, ...]) -> None:
         """`packed`: the object's record, stamped with the next stamp (encoded by the caller, so a
         field too wide is refused before anything changes), its replicas at `locations`."""

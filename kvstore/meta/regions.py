@@ -60,18 +60,20 @@ class Region:
     offsets: list[int] = field(default_factory=list)  # committed pieces, sorted
     sizes: dict[int, int] = field(default_factory=dict)  # offset -> aligned size
 
-    def fits(self, offset: int, size: int) -> bool:
-        """[offset, offset + size) lies inside the region and overlaps no committed piece."""
+    def take(self, offset: int, size: int) -> bool:
+        """Commit the piece [offset, offset + size) if it lies inside the region and overlaps no
+        committed piece; False (and nothing changes) if not."""
         if offset < self.start or offset + size > self.start + self.length:
             return False
-        i = bisect.bisect_left(self.offsets, offset)
-        if i < len(self.offsets) and self.offsets[i] < offset + size:
+        offsets = self.offsets
+        i = bisect.bisect_left(offsets, offset)
+        if i < len(offsets) and offsets[i] < offset + size:
             return False
-        return not (i > 0 and self.offsets[i - 1] + self.sizes[self.offsets[i - 1]] > offset)
-
-    def add(self, offset: int, size: int) -> None:
-        bisect.insort(self.offsets, offset)
+        if i > 0 and offsets[i - 1] + self.sizes[offsets[i - 1]] > offset:
+            return False
+        offsets.insert(i, offset)
         self.sizes[offset] = size
+        return True
 
     def gaps(self) -> Iterator[tuple[int, int]]:
         """(offset, size) of the space no piece took."""
@@ -168,8 +170,7 @@ class Regions:
             if state is ObjectState.PENDING:
                 results.append(KeyResult(ErrorCode.KEY_BUSY, f"another put of {key!r} is in progress"))
                 continue
-            aligned = aligned_of(max(size, 1))
-            if size <= 0 or offset % alignment or not region.fits(offset, aligned):
+            if size <= 0 or offset % alignment or not region.take(offset, aligned_of(size)):
                 results.append(
                     KeyResult(
                         ErrorCode.INVALID_ARGUMENT,
@@ -177,9 +178,8 @@ class Regions:
                     )
                 )
                 continue
-            region.add(offset, aligned)
             location = pack_location(number, offset)
-            index.insert_complete(key, (location,), size, checksums[i])
+            index.insert_one(key, location, size, checksums[i])
             stored.append(key)
             locations.append(location)
             stored_sizes.append(size)
