@@ -137,8 +137,9 @@ class Writer:
                     failure = exc
                     break
         finally:
-            while inflight:  # every answer read, so none is left on a connection
-                failure = self._settle(*inflight.popleft(), written, left, errors) or failure
+            while inflight:  # every answer read, so none is left on a connection; the first error is raised
+                settled = self._settle(*inflight.popleft(), written, left, errors)
+                failure = failure or settled
             self._regions.done(list(pieces.values()))
         if failure is not None:
             raise failure

@@ -130,7 +130,7 @@ class Transport(ABC):
     ) -> Written:
         """Write each (offset, bytes) piece of one LOCAL grant (a region's, kvstore/client/regions.py)
         into [offset, +its size); as `write` otherwise. Here, as a transfer per piece."""
-        return self.write(segment, [Transfer(local_piece(grant, o, len(b)), b) for o, b in pieces], deadline)
+        return self.write(segment, [Transfer(local_piece(grant, o, b.nbytes), b) for o, b in pieces], deadline)
 
     @abstractmethod
     def read(self, segment: SegmentInfo, transfers: Sequence[Transfer], deadline: float) -> list[int] | None:

@@ -21,11 +21,11 @@ N = 1000  # a fresh client's regions grow (256 KiB, 512 KiB, ...): commits of 64
 
 
 class Commits:
-    """The client's metadata client, counting the PutCommits it begins and failing the answer of
-    the `fail_at`-th (which the service did take: only its answer is lost)."""
+    """The client's metadata client, counting the PutCommits it begins and failing the answers of
+    the n-th for each n in `fail` (which the service did take: only their answers are lost)."""
 
-    def __init__(self, inner: Any, fail_at: int = 0) -> None:
-        self.inner, self.fail_at, self.most_in_flight = inner, fail_at, 0
+    def __init__(self, inner: Any, fail: tuple[int, ...] = ()) -> None:
+        self.inner, self.fail, self.most_in_flight = inner, fail, 0
         self.sent: list[list[str]] = []  # the keys of each PutCommit begun
         self._in_flight = 0
 
@@ -35,13 +35,13 @@ class Commits:
         self.sent.append(list(req.keys))
         self._in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self._in_flight)
-        wait, fail = self.inner.begin(req, timeout_s), len(self.sent) == self.fail_at
+        wait, n = self.inner.begin(req, timeout_s), len(self.sent)
 
         def answer() -> Any:
             self._in_flight -= 1
             reply = wait()
-            if fail:
-                raise Unavailable("the answer of a PutCommit was lost")
+            if n in self.fail:
+                raise Unavailable(f"the answer of PutCommit {n} was lost")
             return reply
 
         return answer
@@ -75,9 +75,9 @@ def test_a_batch_is_committed_in_overlapping_calls(client):
 
 def test_a_failed_commit_is_raised_after_the_others_are_settled(client):
     pool = client._region_pool
-    pool.meta = commits = Commits(pool.meta, fail_at=2)
+    pool.meta = commits = Commits(pool.meta, fail=(2,))
     keys, vals = [f"k{i}" for i in range(N)], values()
-    with pytest.raises(Unavailable, match="lost"):
+    with pytest.raises(Unavailable, match="PutCommit 2 was lost"):
         client.put_many(keys, vals)
     assert len(commits.sent) == 3  # the fourth was not sent: the second's failure came first
     stored = {k for sent in commits.sent for k in sent}  # the second's too: only its answer was lost
@@ -87,3 +87,11 @@ def test_a_failed_commit_is_raised_after_the_others_are_settled(client):
     assert client.put_many(keys, vals) == [k not in stored for k in keys]  # the client goes on
     assert client.get_many(keys) == vals
     assert all(r.inflight == 0 for r in [pool._current] if r is not None)
+
+
+def test_the_first_failed_commit_is_the_error_raised(client):
+    pool = client._region_pool
+    pool.meta = commits = Commits(pool.meta, fail=(1, 2))  # both in flight when the first fails
+    with pytest.raises(Unavailable, match="PutCommit 1 was lost"):
+        client.put_many([f"k{i}" for i in range(N)], values())
+    assert len(commits.sent) == 2

@@ -142,3 +142,12 @@ def test_the_pages_of_a_batch_are_mapped_for_writing_in_one_call(segment, shm):
     shm.write_pieces(segment, region(), pieces, time.monotonic() + 5)
     mapped = shm._open["seg"].mapped
     assert mapped is not None and mapped[1:9] == b"\2" * 8 and mapped.count(b"\0") == len(mapped) - 8
+
+
+@pytest.mark.parametrize("how", ["pieces", "transfers"])
+def test_a_piece_is_its_bytes_not_its_first_dimension(segment, shm, how):
+    value = os.urandom(128)
+    piece = [(4096, memoryview(value).cast("B", (2, 64)))]
+    write = shm.write_pieces if how == "pieces" else lambda *a: Transport.write_pieces(shm, *a)
+    assert write(segment, region(), piece, time.monotonic() + 5).checksums == [checksum(value)]
+    assert file_bytes(segment, 4096, 128) == value
