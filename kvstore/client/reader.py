@@ -22,13 +22,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from kvstore.checksum import checksum
-from kvstore.client.locations import LocationCache
+from kvstore.client.locations import EXPIRY_MARGIN_S, LocationCache
 from kvstore.client.transports import Transports
 from kvstore.clock import now_ms
 from kvstore.config import ClientConfig
 from kvstore.errors import ChecksumMismatch, ErrorCode, InvalidArgument, KVStoreError, PermissionDenied, TransportError
 from kvstore.metaclient.sharded import ShardedMetaClient
-from kvstore.results import GetResult
+from kvstore.results import GetReply, GetResult
 from kvstore.transport.base import Transfer
 from kvstore.types import Grant, SegmentInfo
 from kvstore.wire.calls import Get
@@ -37,6 +37,7 @@ from kvstore.wire.packed import ROWS
 log = logging.getLogger(__name__)
 FLUSH_S = 1.0
 LOCATE_KEYS = 256  # keys per Get of a large get_many_into, the next in flight while one is read
+PIPELINE_READ_S = 0.5  # ... while a run's read takes less than this
 MAX_TOUCHES = 16384  # pending LRU touches kept; beyond, the oldest are dropped (recency only)
 _STALE = (ChecksumMismatch, TransportError, PermissionDenied)  # what a cached location can run into
 
@@ -74,10 +75,11 @@ class Reader:
         if not keys:
             self._fetch(keys)
             return []
-        return self._begin_locate(keys)()
+        return self._begin_locate(keys, in_flight=False)()
 
-    def _begin_locate(self, keys: Sequence[str]) -> Callable[[], list[Located]]:
-        """locate(keys), its Get sent now; what is returned waits for the answer."""
+    def _begin_locate(self, keys: Sequence[str], in_flight: bool = True) -> Callable[[], list[Located]]:
+        """locate(keys), its Get sent now (made now, without `in_flight`); what is returned waits
+        for the answer."""
         now = time.monotonic()
         cache = self.cache
         found: list[Located | None] = []
@@ -85,31 +87,31 @@ class Reader:
             hit = cache.get(key, now) if cache.capacity else None
             found.append(None if hit is None else Located(hit.result, hit.segments, True))
         missing = [i for i, f in enumerate(found) if f is None]
-        wait = self._begin_fetch([keys[i] for i in missing]) if missing else None
+        asked = [keys[i] for i in missing]
+        wait = self._begin_fetch(asked) if missing and in_flight else None
+        fetched = self._fetch(asked) if missing and not in_flight else []
 
         def located() -> list[Located]:
-            if wait is not None:
-                for i, fetched in zip(missing, wait(), strict=True):
-                    found[i] = fetched
+            for i, result in zip(missing, fetched if wait is None else wait(), strict=True):
+                found[i] = result
             return [f for f in found if f is not None]
 
         return located
 
     def _fetch(self, keys: Sequence[str]) -> list[Located]:
-        return self._begin_fetch(keys)()
+        request, lost = self._get_request(keys)
+        try:
+            reply = self._meta.call(request)
+        except KVStoreError:
+            lost()
+            raise
+        return self._located(keys, reply)
 
     def _begin_fetch(self, keys: Sequence[str]) -> Callable[[], list[Located]]:
-        released, failed, touched = self.take_released(), self._take_failed(), self._take_touched()
-
-        def lost() -> None:  # the next call carries them (a lease ended twice is refused quietly)
-            with self._lock:
-                self._failed.update(failed)
-            self._note(released, touched)
-
+        """_fetch(keys), the Get sent now; what is returned waits for its answer."""
+        request, lost = self._get_request(keys)
         try:
-            wait = self._meta.begin(
-                Get(keys, released, self._transports.host, self.client_id, failed, touched, packed=ROWS)
-            )
+            wait = self._meta.begin(request)
         except KVStoreError:
             lost()
             raise
@@ -120,12 +122,28 @@ class Reader:
             except KVStoreError:
                 lost()
                 raise
-            if len(keys) != len(reply.results):
-                raise ValueError(f"a Get of {len(keys)} keys answered {len(reply.results)} results")
-            self.cache.put_many(keys, reply.results, reply.segments, now_ms(self._transports.clock))
-            return [Located(r, reply.segments) for r in reply.results]
+            return self._located(keys, reply)
 
         return fetched
+
+    def _get_request(self, keys: Sequence[str]) -> tuple[Get, Callable[[], None]]:
+        """A Get of `keys` carrying this client's pending leases, touches and failed segments, and
+        what puts them back if the call fails (the next call carries them; a lease ended twice is
+        refused quietly)."""
+        released, failed, touched = self.take_released(), self._take_failed(), self._take_touched()
+
+        def lost() -> None:
+            with self._lock:
+                self._failed.update(failed)
+            self._note(released, touched)
+
+        return Get(keys, released, self._transports.host, self.client_id, failed, touched, packed=ROWS), lost
+
+    def _located(self, keys: Sequence[str], reply: GetReply) -> list[Located]:
+        if len(keys) != len(reply.results):
+            raise ValueError(f"a Get of {len(keys)} keys answered {len(reply.results)} results")
+        self.cache.put_many(keys, reply.results, reply.segments, now_ms(self._transports.clock))
+        return [Located(r, reply.segments) for r in reply.results]
 
     def forget(self, keys: Sequence[str]) -> None:
         """Drop cached locations (the client removed these keys)."""
@@ -171,28 +189,36 @@ class Reader:
 
     def get(self, keys: Sequence[str], views: list[memoryview], strict: bool) -> list[Any]:
         """locate() and read() the keys, LOCATE_KEYS at a time with the next run's Get in flight
-        while this run is read: the service locates one run while this thread copies another."""
+        while this run is read: the service locates one run while this thread copies another.
+        Only while reads are quick (under PIPELINE_READ_S a run): the next run's grants age while
+        this one is read, and a run whose grants aged too far is located again."""
         if len(keys) <= LOCATE_KEYS:
             return self.read(keys, self.locate(keys), views, strict)
         runs = [slice(n, n + LOCATE_KEYS) for n in range(0, len(keys), LOCATE_KEYS)]
         out: list[Any] = []
+        took = 0.0  # seconds the last run's read took
         pending: Callable[[], list[Located]] | None = self._begin_locate(keys[runs[0]])
         try:
             for n, run in enumerate(runs):
-                assert pending is not None
-                wait, pending = pending, None
-                located = wait()
-                if n + 1 < len(runs):
+                if pending is None:
+                    located = self.locate(keys[run])
+                else:
+                    wait, pending = pending, None
+                    located = wait()
+                    if n and _expiring(located, now_ms(self._transports.clock) + (2 * took + EXPIRY_MARGIN_S) * 1000):
+                        self._note(_leases(located), [])
+                        located = self.locate(keys[run])
+                if n + 1 < len(runs) and took < PIPELINE_READ_S:
                     pending = self._begin_locate(keys[runs[n + 1]])
+                began = time.monotonic()
                 out += self.read(keys[run], located, views[run], strict=False)
+                took = time.monotonic() - began
         finally:
             if pending is not None:  # a run's read failed: the next one's answer is still taken
                 try:
-                    located = pending()
+                    self._note(_leases(pending()), [])
                 except KVStoreError:
                     pass
-                else:
-                    self._note([x.result.lease_id for x in located if x.result.lease_id and not x.cached], [])
         if strict:
             for r in out:
                 if isinstance(r, KVStoreError):
@@ -212,7 +238,7 @@ class Reader:
         value). Read leases go back with this client's next call: nothing is copied from those
         blocks any more."""
         # whatever happens next; a cached location's lease was handed back after its first read
-        released = [loc.result.lease_id for loc in located if loc.result.lease_id and not loc.cached]
+        released = _leases(located)
         touched: list[str] = []
         try:
             out = self._read_replicas(keys, located, views)
@@ -347,3 +373,13 @@ class _Flusher:
                 self._flush()
             except KVStoreError as exc:
                 log.debug("handing back read leases and touches failed (the next call carries them): %s", exc)
+
+
+def _leases(located: list[Located]) -> list[int]:
+    """The read leases of these locations (cached ones hold none)."""
+    return [x.result.lease_id for x in located if x.result.lease_id and not x.cached]
+
+
+def _expiring(located: list[Located], before_ms: float) -> bool:
+    """Whether a grant of a location fetched (not cached) runs out before `before_ms`."""
+    return any(g.expires_ms < before_ms for x in located if not x.cached for g in x.result.grants)

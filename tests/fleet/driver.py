@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,21 +53,36 @@ class Tap:
     Op.leader), and, once armed, a SIGSTOP of a process while a call of one kind is in flight."""
 
     def __init__(self, client: KVClient) -> None:
-        self.meta, self._call = client.meta, client.meta.call
+        self.meta, self._call, self._begin = client.meta, client.meta.call, client.meta.begin
         self.answered: str | None = None  # the service that answered a call since the op began
         self.last: str | None = None  # ... the last call ever
         self.pause: tuple[int, str, float] | None = None  # (pid, call name, seconds after sending)
         self.armed = threading.Event()
         client.meta.call = self._tapped  # type: ignore[method-assign]
+        client.meta.begin = self._tapped_begin  # type: ignore[method-assign]  # a large read's runs
 
     def _tapped(self, req: Call[Any], timeout_s: float | None = None, retry_s: float = 0.0) -> Any:
+        self._arm(req)
+        reply = self._call(req, timeout_s, retry_s)
+        self.answered = self.last = self.meta.current
+        return reply
+
+    def _tapped_begin(self, req: Call[Any], timeout_s: float | None = None) -> Callable[[], Any]:
+        self._arm(req)
+        wait = self._begin(req, timeout_s)
+
+        def answer() -> Any:
+            reply = wait()
+            self.answered = self.last = self.meta.current
+            return reply
+
+        return answer
+
+    def _arm(self, req: Call[Any]) -> None:
         if self.pause is not None and type(req).__name__ == self.pause[1] and self.armed.is_set():
             self.armed.clear()
             pid, name, after = self.pause
             threading.Timer(after, self._stop, (pid, name, after)).start()
-        reply = self._call(req, timeout_s, retry_s)
-        self.answered = self.last = self.meta.current
-        return reply
 
     @staticmethod
     def _stop(pid: int, name: str, after: float) -> None:
