@@ -4,6 +4,7 @@ a hostile peer) is logged at most once per interval, with a count of the ones le
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -29,3 +30,12 @@ class RateLimited:
             dropped = self._dropped.pop(what, 0)
         suffix = f" ({dropped} more like it in the last {self._interval:.0f} s)" if dropped else ""
         self._log.warning(message + suffix, *args)
+
+
+def say_ready(text: str) -> None:
+    """Print the readiness line `kvstore ready: TEXT` (launchers and tests wait for it and parse
+    it) in one write. print() writes a line and its newline apart when stdout is unbuffered
+    (PYTHONUNBUFFERED, as launchers set it), so a log line from another thread on the same pipe
+    (stderr merged) could land inside the line, after the address it names."""
+    sys.stdout.write(f"kvstore ready: {text}\n")
+    sys.stdout.flush()

@@ -25,6 +25,7 @@ from kvstore.cli.stopping import StopSignals
 from kvstore.config import DaemonConfig, MetaConfig, random_secret
 from kvstore.config.flags import ConfigFlags
 from kvstore.errors import InvalidArgument, KeyBusy
+from kvstore.logs import say_ready
 from kvstore.meta.shardmap import StaticShards
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"kvstore meta listening on {meta.address}", flush=True)
     print(f"kvstore daemon {daemon.daemon_id} via {_endpoints(daemon)}", flush=True)
     _say_token(meta)
-    print(f"kvstore ready: meta={meta.address}{_observed(meta, daemon)} (Ctrl-C to stop)", flush=True)
+    say_ready(f"meta={meta.address}{_observed(meta, daemon)} (Ctrl-C to stop)")
     stopping.wait()
     daemon.stop()
     meta.stop()
@@ -165,7 +166,7 @@ def cmd_meta(args: argparse.Namespace) -> int:
     stopping = StopSignals()
     meta = start_meta(args.flags.load(MetaConfig, args))
     _say_token(meta)
-    print(f"kvstore ready: meta={meta.address}{_observed(meta, None)}", flush=True)
+    say_ready(f"meta={meta.address}{_observed(meta, None)}")
     stopping.wait()
     meta.stop()
     return 0
@@ -176,7 +177,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     cfg = args.flags.load(DaemonConfig, args)
     print(f"kvstore daemon reserves {reservation(cfg)}", flush=True)
     daemon = start_daemon(cfg)
-    print(f"kvstore ready: daemon={daemon.daemon_id} {_endpoints(daemon)}{_observed(None, daemon)}", flush=True)
+    say_ready(f"daemon={daemon.daemon_id} {_endpoints(daemon)}{_observed(None, daemon)}")
     stopping.wait()
     daemon.stop()
     return 0

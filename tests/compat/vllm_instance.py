@@ -15,6 +15,8 @@ import json
 import os
 import sys
 
+from kvstore.logs import say_ready
+
 
 def main() -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -26,10 +28,7 @@ def main() -> int:
     llm = build_llm(json.loads(sys.argv[1]))
     import mooncake.store
 
-    print(
-        f"kvstore ready: instance pid={os.getpid()} store={mooncake.store.MooncakeDistributedStore.__module__}",
-        flush=True,
-    )
+    say_ready(f"instance pid={os.getpid()} store={mooncake.store.MooncakeDistributedStore.__module__}")
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":

@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from kvstore.logs import say_ready
+
 
 def build_llm(settings: dict[str, Any]):
     from vllm import LLM
@@ -106,7 +108,7 @@ def main() -> int:
     settings = json.loads(sys.argv[1])
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm = build_llm(settings)
-    print(f"kvstore ready: instance pid={os.getpid()}", flush=True)
+    say_ready(f"instance pid={os.getpid()}")
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":

@@ -13,6 +13,7 @@ from typing import Any
 from kvstore.engines.keys import Granularity
 from kvstore.engines.reference.config import EngineConfig, Role
 from kvstore.engines.reference.scheduler import SchedulerConfig
+from kvstore.logs import say_ready
 
 log = logging.getLogger("kvstore.engines")
 
@@ -128,11 +129,7 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(engine, MetricsSink("engine", jsonl))
 
     def ready(url: str) -> None:
-        print(
-            f"kvstore ready: engine={url} role={config.role.value} "
-            f"store={args.meta or 'none'} max_num_seqs={args.max_num_seqs}",
-            flush=True,
-        )
+        say_ready(f"engine={url} role={config.role.value} store={args.meta or 'none'} max_num_seqs={args.max_num_seqs}")
 
     try:
         run_http(app, args.host, args.port, ready)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvstore.engines.router.policy import CostModel
+from kvstore.logs import say_ready
 
 if TYPE_CHECKING:
     import httpx
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         if args.dashboard:
             _register(args.dashboard, url)
-        print(f"kvstore ready: router={url} policy={args.policy} backend={args.backend}", flush=True)
+        say_ready(f"router={url} policy={args.policy} backend={args.backend}")
 
     try:
         run_http(build_app(make_router, args.timeout), args.host, args.port, ready)
