@@ -87,13 +87,19 @@ def stored(client: KVClient, n: int = N) -> tuple[list[str], list[bytes]]:
     return keys, values
 
 
-def test_the_next_run_is_located_while_this_one_is_read(client):
+def read_logged(client: Any) -> tuple[list[str], list[np.ndarray]]:
+    """Stored values read back in one get_many_into, logging its Gets from its first (and checked)."""
     keys, values = stored(client)
     client._reader._meta = Gets(client._reader._meta, client.log)
     client.log.clear()
     buffers = [np.empty(1024, dtype=np.uint8) for _ in keys]
     assert client.get_many_into(keys, buffers) == [1024] * N
     assert [b.tobytes() for b in buffers] == values
+    return keys, buffers
+
+
+def test_the_next_run_is_located_while_this_one_is_read(client):
+    keys, buffers = read_logged(client)
     assert client.log == [
         "begin 1 (256)", "answer 1", "begin 2 (256)", "read 256", "answer 2", "begin 3 (256)", "read 256",
         "answer 3", "begin 4 (232)", "read 256", "answer 4", "read 232",
@@ -135,12 +141,7 @@ def test_a_run_whose_grants_ran_out_while_another_was_read_is_located_again(clie
     """The first run's read outlasts the read lease of the second run's Get, sent before it: the
     second run is located again (its leases handed back), and no Get is sent ahead of a read while
     the last read was that slow."""
-    keys, values = stored(client)
-    client._reader._meta = Gets(client._reader._meta, client.log)
-    client.log.clear()
-    buffers = [np.empty(1024, dtype=np.uint8) for _ in keys]
-    assert client.get_many_into(keys, buffers) == [1024] * N
-    assert [b.tobytes() for b in buffers] == values
+    read_logged(client)
     assert client.log == [
         "begin 1 (256)", "answer 1", "begin 2 (256)", "read 256", "answer 2", "call (256)", "read 256",
         "call (256)", "begin 3 (232)", "read 256", "answer 3", "read 232",
